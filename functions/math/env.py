@@ -1,0 +1,52 @@
+"""math: arithmetic word problems; the reward is 1.0 iff the final answer equals ``expected_answer``.
+
+The final answer is the last ``\\boxed{...}`` in the reply, else its last number, compared with
+the gold answer by ``math-verify`` (so 0.75, 3/4 and \\frac{3}{4} agree). One tool, a safe
+calculator, makes the tool path real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+import simpleeval
+from math_verify import parse
+from math_verify import verify as equivalent
+
+from runtime.sdk import Environment, Rollout, Task, Verdict
+
+logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call with timeouts off
+
+
+class Meta(msgspec.Struct, frozen=True):
+    expected_answer: str | int | float
+    """The gold final answer."""
+
+
+async def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression such as (3 + 4) * 12 / 7 and return the result."""
+    try:
+        value = simpleeval.simple_eval(expression, names={}, functions={})
+    except Exception as exc:  # the model's expression is data: report it, don't crash
+        return f"error: cannot evaluate {expression!r}: {type(exc).__name__}: {exc}"
+    return str(value)
+
+
+def _check(gold: str, reply: str) -> tuple[bool, str | None]:
+    # math-verify's own timeouts use SIGALRM, which only works on the main thread; this runs in a
+    # worker thread with them off, and the runtime's step deadline bounds it instead.
+    target = parse(reply, parsing_timeout=None)
+    if not target:
+        return False, None
+    return equivalent(parse(f"${gold}$", parsing_timeout=None), target, timeout_seconds=None), str(target[-1])
+
+
+async def verify(task: Task[Meta], rollout: Rollout) -> Verdict:
+    """1.0 iff the reply's final answer is mathematically equal to the expected answer."""
+    correct, extracted = await asyncio.to_thread(_check, str(task.meta.expected_answer), rollout.text)
+    return Verdict(float(correct), {"extracted_answer": extracted})
+
+
+ENVIRONMENT = Environment(name="math", meta=Meta, tools=[calculator], verify=verify)

@@ -1,0 +1,100 @@
+"""Run configuration: one YAML file (agent + environment + model + limits), strictly checked.
+
+Unknown keys are errors (a typo should fail), and every error names the key path and the value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from broker.schemas import Name, Options
+
+
+class Strict(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class SimulateConfig(Strict):
+    """The simulated policy started when ``model.base_url`` is not set."""
+
+    accuracy: Annotated[float, Meta(ge=0, le=1)] = 0.8
+    latency_ms: Annotated[float, Meta(ge=0)] = 0.0
+    seed: int = 0
+
+
+class ModelConfig(Strict):
+    name: str = "policy"
+    """Served model name: sent in requests and used as the key in the ``models`` bucket."""
+    base_url: str | None = None
+    """OpenAI-compatible base URL(s), comma-separated (e.g. http://localhost:8000/v1). None: simulate."""
+    api: Literal["auto", "responses", "chat"] = "auto"
+    simulate: SimulateConfig = msgspec.field(default_factory=SimulateConfig)
+
+
+class LimitsConfig(Options, forbid_unknown_fields=True, kw_only=True):
+    """Same fields as the wire ``Options``."""
+
+    def options(self) -> Options:
+        return Options(**msgspec.structs.asdict(self))
+
+
+class WorkersConfig(Strict):
+    replicas: Annotated[int, Meta(ge=1)] = 1
+    """Worker processes per function (embedded broker only)."""
+    concurrency: Annotated[int, Meta(ge=1)] = 64
+    """Messages each worker handles at once."""
+
+
+class RunConfig(Strict):
+    input: str
+    """JSONL of NeMo Gym-shaped task rows."""
+    agent: Name
+    env: Name
+    agent_ref: str | None = None
+    """Import string of the agent (default: functions.<agent>)."""
+    env_ref: str | None = None
+    """Import string of the environment (default: functions.<env>)."""
+    repeats: Annotated[int, Meta(ge=1)] = 1
+    limit: Annotated[int, Meta(ge=1)] | None = None
+    output: str = "runs"
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    sampling: dict[str, Any] = {}
+    """Merged into every task's responses_create_params (the task's own values win)."""
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    workers: WorkersConfig = msgspec.field(default_factory=WorkersConfig)
+    env_tools: bool = True
+    """Offer the environment's tools to the model when a task row lists none."""
+    nats: str | None = None
+    """Broker URL; None starts an embedded broker (and the workers the run needs)."""
+
+
+class ConfigError(ValueError):
+    """The run config is missing or invalid; the message names the key."""
+
+
+def load_config(path: str | Path, **overrides: Any) -> RunConfig:
+    """Read a YAML run config; ``overrides`` (CLI options) replace top-level keys when not None."""
+    p = Path(path)
+    try:
+        raw = msgspec.yaml.decode(p.read_bytes()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level, got {type(raw).__name__}")
+    for key, value in overrides.items():
+        if value is not None:
+            section, _, field = key.partition(".")
+            if field:
+                raw.setdefault(section, {})[field] = value
+            else:
+                raw[key] = value
+    try:
+        return msgspec.convert(raw, RunConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc

@@ -1,0 +1,95 @@
+"""How a failure travels: every error that ends a rollout carries a ``failure_kind``.
+
+    GymError (kind, reason)
+    ├── InvalidInput     invalid_input    a task, message or tool call failed validation
+    ├── ModelError       model_error      the policy endpoint failed past the client's retry budget
+    ├── ContextLength    context_length   the conversation no longer fits the model's context
+    ├── ToolError        tool_error       an environment tool raised
+    ├── VerifierError    verifier_error   the verifier raised
+    ├── Timeout          timeout          a step or the rollout ran past its deadline
+    └── Cancelled        cancelled        the user cancelled the rollout
+
+A handler raises one of these (or the runtime wraps a foreign exception into one at its boundary:
+the model client, the tool runner, the verifier). The worker then looks the kind up in the retry
+policy: a retried kind is redelivered with backoff until the delivery budget is spent, the others
+end the rollout at once. Either way the rollout ends as exactly one failed Result, never reward 0.
+Anything else that escapes a handler is a bug, reported with kind ``internal`` after its retries.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from broker.schemas import FailureKind
+
+
+class GymError(Exception):
+    """Base of every failure with a kind; ``reason`` is what the user reads."""
+
+    kind: ClassVar[FailureKind] = "internal"
+    retry: ClassVar[bool | None] = None
+    """None: the run's retry policy decides by kind; True/False overrides it for this error class."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+class InvalidInput(GymError):
+    """A task, message or tool call failed validation; the reason names the field."""
+
+    kind = "invalid_input"
+
+
+class ModelError(GymError):
+    """The policy endpoint failed (connection, 5xx, 429, timeout) past the retry budget."""
+
+    kind = "model_error"
+
+
+class ContextLength(GymError):
+    """The model server rejected the request as longer than its context window."""
+
+    kind = "context_length"
+
+
+class ToolError(GymError):
+    """An environment tool raised."""
+
+    kind = "tool_error"
+
+
+class VerifierError(GymError):
+    """The verifier raised."""
+
+    kind = "verifier_error"
+
+
+class Timeout(GymError):
+    """A step or the whole rollout ran past its deadline."""
+
+    kind = "timeout"
+
+
+class Cancelled(GymError):
+    """The rollout was cancelled."""
+
+    kind = "cancelled"
+
+
+class Retry(Exception):
+    """Raised by a handler to ask for redelivery after ``delay`` seconds (counts against the budget)."""
+
+    def __init__(self, delay: float = 1.0, reason: str = "retry requested") -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "internal"})
+"""Kinds redelivered with backoff until the delivery budget is spent. The model client already
+retries model calls itself (one retry layer only), and invalid input, context length, timeouts and
+cancellation are deterministic, so those end the rollout on the first occurrence."""

@@ -1,0 +1,449 @@
+"""The rollout state machine: how each message advances a session, exactly once.
+
+A session's ``step`` counts committed transitions. A message carries the step it applies to:
+
+    Start          session absent (or an older attempt)  -> step b+1, phase seed|tools|verify
+    Seed    (s)    phase seed                            -> step s+1, phase model
+    Resume  (s)    phase model                           -> step s+1, phase tools|verify
+    Tools   (s)    phase tools                           -> step s+1, phase model
+    Verify  (s)    phase verify                          -> step s+1, phase done (Result stored)
+
+Each transition is one compare-and-set on the session's KV revision, and the one message that
+follows is derived from the committed state alone, published with the id ``<session>:<step>``.
+So a redelivered message finds the session one step ahead and re-emits what may have been lost
+(the stream drops it if it was not), and a message that lost a race finds a CAS conflict and
+steps aside: nothing is applied twice (DESIGN invariant 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from nats.js import JetStreamContext
+
+from broker import topology
+from broker.publish import publish
+from broker.schemas import (
+    FailureKind,
+    FunctionCall,
+    Msg,
+    Resume,
+    Result,
+    Seed,
+    Session,
+    Start,
+    Timings,
+    Tools,
+    Verify,
+    parse_session_id,
+    session_id,
+)
+from broker.sessions import SessionStore, StateConflict
+from runtime.errors import GymError, InvalidInput, Timeout, ToolError, VerifierError
+from runtime.sdk import Agent, AgentContext, CallTools, Context, Environment, Respond, Rollout, Verdict
+
+log = logging.getLogger("gymbus.runtime")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the runtime knows about the message in hand."""
+
+    published_at: float
+    """Unix time the broker stored the message."""
+    received_at: float = field(default_factory=time.time)
+    """Unix time a worker took it."""
+    num_delivered: int = 1
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def queued_s(self) -> float:
+        return max(0.0, self.received_at - self.published_at)
+
+
+@dataclass
+class Runtime:
+    """Resources every handler of a worker shares; built once per worker process."""
+
+    js: JetStreamContext
+    store: SessionStore
+    respond: Respond | None = None
+    done_ttl_s: float = 3600.0
+    """How long a finished session stays in KV (so late duplicates find it done), then expires."""
+
+    async def emit(self, s: Session) -> None:
+        """Publish the one message the session's committed state calls for."""
+        subject, msg = next_message(s)
+        await publish(self.js, subject, msg, f"{s.session_id}:{s.step}", s.headers or None)
+
+    async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
+        """Apply the transition (step + 1) by CAS and emit its message; False if another worker won."""
+        t = s.timings
+        t.hops += 1
+        t.queue_s += d.queued_s
+        t.handler_s += time.perf_counter() - started
+        if s.phase == "done" and s.result is not None:
+            s.result = msgspec.structs.replace(s.result, timings=_finished(t))
+        s.step += 1
+        try:
+            await self.store.update(s, last=rev, ttl_s=self.done_ttl_s if s.phase == "done" else None)
+        except StateConflict:
+            log.debug("session %s step %d: applied by another worker", s.session_id, s.step - 1)
+            return False
+        await self.emit(s)
+        return True
+
+
+def next_message(s: Session) -> tuple[str, Msg]:
+    sid, step = s.session_id, s.step
+    match s.phase:
+        case "seed":
+            return topology.tool_subject(s.env), Seed(session_id=sid, step=step)
+        case "model":
+            return topology.agent_subject(s.agent), Resume(session_id=sid, step=step)
+        case "tools":
+            return topology.tool_subject(s.env), Tools(session_id=sid, step=step, calls=s.pending)
+        case "verify":
+            return topology.verify_subject(s.env), Verify(session_id=sid, step=step)
+        case "done":
+            assert s.result is not None
+            return topology.result_subject(s.run_id), s.result
+    raise AssertionError(f"unknown phase {s.phase!r}")
+
+
+def _finished(t: Timings) -> Timings:
+    t.finished_at = time.time()
+    return msgspec.structs.replace(t)
+
+
+def build_result(s: Session, *, reward: float | None = None, verifier: dict[str, Any] | None = None,
+                 failure: tuple[FailureKind, str] | None = None) -> Result:
+    return Result(
+        session_id=s.session_id,
+        run_id=s.run_id,
+        task_index=s.task_index,
+        rollout_index=s.rollout_index,
+        attempt=s.attempt,
+        agent=s.agent,
+        env=s.env,
+        model=s.model,
+        reward=None if failure else reward,
+        failure_kind=failure[0] if failure else None,
+        failure_reason=failure[1] if failure else None,
+        verifier=verifier or {},
+        output=s.items[s.n_input:],
+        usage=s.usage,
+        sampling=s.sampling,
+        turns=s.turns,
+        timings=_finished(s.timings),
+    )
+
+
+@asynccontextmanager
+async def deadline(s: Session) -> AsyncIterator[None]:
+    """Bound one step by ``step_timeout_s`` and by what is left of ``rollout_timeout_s``."""
+    o = s.options
+    left = s.timings.submitted_at + o.rollout_timeout_s - time.time()
+    if left <= 0:
+        raise Timeout(f"rollout exceeded rollout_timeout_s={o.rollout_timeout_s:g}")
+    budget = min(o.step_timeout_s, left)
+    try:
+        async with asyncio.timeout(budget) as cm:
+            yield
+    except TimeoutError as exc:
+        if not cm.expired():
+            raise
+        which = "step_timeout_s" if budget == o.step_timeout_s else "rollout_timeout_s"
+        raise Timeout(f"step {s.step} ({s.phase}) exceeded {which}={getattr(o, which):g}") from exc
+
+
+class CreateParams(msgspec.Struct):
+    """The parts of a Responses create body gymbus reads; the rest passes through to the model."""
+
+    input: str | list[dict[str, Any]]
+    tools: list[dict[str, Any]] = []
+    instructions: str | None = None
+
+
+def input_items(params: dict[str, Any]) -> list[dict[str, Any]]:
+    try:
+        parsed = msgspec.convert(params, CreateParams)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(str(exc).replace("`$", "`$.responses_create_params", 1)) from exc
+    if isinstance(parsed.input, str):
+        return [{"type": "message", "role": "user", "content": parsed.input}]
+    items = [dict(i) for i in parsed.input]
+    for n, item in enumerate(items):
+        if "type" not in item:
+            if "role" not in item:
+                raise InvalidInput(f"item has neither `type` nor `role` - at `$.responses_create_params.input[{n}]`")
+            item["type"] = "message"
+    return items
+
+
+def new_session(msg: Start, base_step: int, d: Delivery) -> Session:
+    sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
+    params = dict(msg.responses_create_params)
+    s = Session(
+        session_id=sid, run_id=msg.run_id, task_index=msg.task_index, rollout_index=msg.rollout_index,
+        attempt=msg.attempt, agent=msg.agent, env=msg.env, model=msg.model, step=base_step, base_step=base_step,
+        phase="model", params={}, meta=msg.meta, options=msg.options, timings=Timings(submitted_at=d.published_at),
+        headers=d.headers,
+    )
+    s.items = input_items(params)
+    s.n_input = len(s.items)
+    params.pop("input", None)
+    s.params = params
+    return s
+
+
+# ---- agent ---------------------------------------------------------------------------------------
+
+
+async def handle_agent(rt: Runtime, agent: Agent, msg: Msg, d: Delivery) -> None:
+    match msg:
+        case Start():
+            await _start(rt, agent, msg, d)
+        case Resume():
+            loaded = await _load(rt, msg.session_id, msg.step, "model")
+            if loaded:
+                s, rev = loaded
+                started = time.perf_counter()
+                async with deadline(s):
+                    await _turn(rt, agent, s)
+                await rt.commit(s, rev, d, started)
+        case _:
+            raise InvalidInput(f"agent {agent.name!r} cannot handle a {type(msg).__name__} message")
+
+
+async def _start(rt: Runtime, agent: Agent, msg: Start, d: Delivery) -> None:
+    started = time.perf_counter()
+    sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
+    loaded = await rt.store.get(sid)
+    rev = base = 0
+    if loaded:
+        old, rev = loaded
+        if msg.attempt <= old.attempt:  # a duplicate Start: re-emit if its transition is the last one
+            if msg.attempt == old.attempt and old.step == old.base_step + 1:
+                await rt.emit(old)
+            return
+        base = old.step  # a new attempt supersedes; steps keep rising so old messages stay stale
+    s = new_session(msg, base, d)
+    if msg.options.seed:
+        s.phase = "seed"
+    else:
+        async with deadline(s):
+            await _turn(rt, agent, s)
+    await rt.commit(s, rev, d, started)
+
+
+async def _turn(rt: Runtime, agent: Agent, s: Session) -> None:
+    if rt.respond is None:
+        raise RuntimeError("this worker has no model client")
+    respond = rt.respond
+
+    async def timed(items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> Any:
+        c0 = time.perf_counter()
+        try:
+            return await respond(items, params, session)
+        finally:
+            session.timings.model_s += time.perf_counter() - c0
+            session.timings.model_calls += 1
+
+    action = await agent.step(AgentContext(s, timed))  # type: ignore[arg-type]
+    if isinstance(action, CallTools) and action.calls and s.turns_taken < s.options.max_steps:
+        s.phase, s.pending = "tools", list(action.calls)
+    else:
+        s.phase, s.pending = "verify", []
+
+
+# ---- environment -----------------------------------------------------------------------------------
+
+
+async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
+    match msg:
+        case Seed():
+            loaded = await _load(rt, msg.session_id, msg.step, "seed")
+            if loaded:
+                s, rev = loaded
+                started = time.perf_counter()
+                if env.seed is not None:
+                    async with deadline(s):
+                        await env.seed(Context(s.session_id, env.task(s), s.env_state))
+                s.phase = "model"
+                await rt.commit(s, rev, d, started)
+        case Tools():
+            loaded = await _load(rt, msg.session_id, msg.step, "tools")
+            if loaded:
+                s, rev = loaded
+                started = time.perf_counter()
+                async with deadline(s):
+                    s.items.extend(await run_tools(env, s, s.pending))
+                s.pending, s.phase = [], "model"
+                await rt.commit(s, rev, d, started)
+        case _:
+            raise InvalidInput(f"environment {env.name!r} tools cannot handle a {type(msg).__name__} message")
+
+
+async def run_tools(env: Environment, s: Session, calls: list[FunctionCall]) -> list[dict[str, Any]]:
+    """Run the calls in order. A call the model got wrong (unknown tool, bad JSON, schema) is answered
+    with an error output the model can read; a tool that raises is a ``tool_error``."""
+    ctx = Context(s.session_id, env.task(s), s.env_state)
+    outputs = []
+    for call in calls:
+        t0 = time.perf_counter()
+        outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": await _call(env, ctx, call)})
+        s.timings.tool_s += time.perf_counter() - t0
+        s.timings.tool_calls += 1
+    return outputs
+
+
+async def _call(env: Environment, ctx: Context[Any], call: FunctionCall) -> str:
+    tool = env.by_name.get(call.name)
+    if tool is None:
+        return f"error: unknown tool {call.name!r}; this environment has {sorted(env.by_name)}"
+    try:
+        args = tool.parse(call.arguments)
+    except InvalidInput as exc:
+        return f"error: {exc.reason}"
+    try:
+        value = await tool(ctx, args)
+    except GymError:
+        raise
+    except Exception as exc:
+        raise ToolError(f"tool {call.name!r} raised {type(exc).__name__}: {exc}") from exc
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
+    if not isinstance(msg, Verify):
+        raise InvalidInput(f"environment {env.name!r} verifier cannot handle a {type(msg).__name__} message")
+    loaded = await _load(rt, msg.session_id, msg.step, "verify")
+    if not loaded:
+        return
+    s, rev = loaded
+    started = time.perf_counter()
+    task = env.task(s)
+    async with deadline(s):
+        try:
+            verdict = await env.verify(task, Rollout(output=s.items[s.n_input:], state=s.env_state))
+        except GymError:
+            raise
+        except Exception as exc:
+            raise VerifierError(f"verifier of {env.name!r} raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            s.timings.verify_s += time.perf_counter() - started
+    if not isinstance(verdict, Verdict):
+        verdict = Verdict(verdict)  # type: ignore[arg-type]
+    if isinstance(verdict.reward, bool) or not isinstance(verdict.reward, (int, float)) or not math.isfinite(verdict.reward):
+        raise VerifierError(f"verifier of {env.name!r} returned reward {verdict.reward!r}, not a finite number")
+    s.result = build_result(s, reward=float(verdict.reward), verifier=verdict.info)
+    s.phase = "done"
+    await rt.commit(s, rev, d, started)
+
+
+# ---- shared ------------------------------------------------------------------------------------------
+
+
+async def _load(rt: Runtime, sid: str, step: int, phase: str) -> tuple[Session, int] | None:
+    """The session if ``step`` applies to it now; otherwise re-emit if needed and return None."""
+    loaded = await rt.store.get(sid)
+    if loaded is None:
+        raise SessionLost(sid)
+    s, rev = loaded
+    if s.step == step and s.phase == phase:
+        return s, rev
+    if s.step == step + 1:
+        await rt.emit(s)  # our transition is committed; the message after it may have been lost
+    elif s.step == step:
+        log.error("session %s step %d is in phase %s, not %s: message dropped", sid, step, s.phase, phase)
+    return None
+
+
+class SessionLost(GymError):
+    """A message arrived for a session that is not in KV (expired or purged)."""
+
+    kind = "internal"
+    retry = False
+
+    def __init__(self, sid: str) -> None:
+        super().__init__(f"session {sid} is missing from the sessions bucket (expired or purged)")
+        self.sid = sid
+
+
+async def fail(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: Delivery) -> None:
+    """End the message's rollout as a failed Result (unless it has moved on without this message)."""
+    if isinstance(msg, Start):
+        sid, step = session_id(msg.run_id, msg.task_index, msg.rollout_index), None
+    else:
+        sid, step = msg.session_id, getattr(msg, "step", None)  # type: ignore[attr-defined]
+    for _ in range(5):
+        loaded = await rt.store.get(sid)
+        if loaded is None:
+            if not isinstance(msg, Start):
+                await publish_orphan_failure(rt.js, sid, kind, reason)
+                return
+            s, rev = new_session_or_stub(msg, d), 0
+        else:
+            s, rev = loaded
+            if isinstance(msg, Start):
+                if msg.attempt < s.attempt or (msg.attempt == s.attempt and s.step != s.base_step):
+                    return await _reemit_if(rt, s, s.base_step + 1)
+                if msg.attempt > s.attempt:
+                    base = s.step
+                    s, rev = new_session_or_stub(msg, d, base), rev
+            elif s.step != step:
+                return await _reemit_if(rt, s, (step or 0) + 1)
+        s.result = build_result(s, failure=(kind, reason))
+        s.phase = "done"
+        if await rt.commit(s, rev, d, time.perf_counter()):
+            return
+    log.error("could not record the failure of %s after 5 conflicts", sid)
+
+
+async def _reemit_if(rt: Runtime, s: Session, step: int) -> None:
+    if s.step == step:
+        await rt.emit(s)
+
+
+def new_session_or_stub(msg: Start, d: Delivery, base: int = 0) -> Session:
+    """A session for a Start that failed before one could be built (e.g. its input was invalid)."""
+    try:
+        return new_session(msg, base, d)
+    except GymError:
+        sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
+        return Session(
+            session_id=sid, run_id=msg.run_id, task_index=msg.task_index, rollout_index=msg.rollout_index,
+            attempt=msg.attempt, agent=msg.agent, env=msg.env, model=msg.model, step=base, base_step=base,
+            phase="model", params={}, meta=msg.meta, options=msg.options, timings=Timings(submitted_at=d.published_at),
+            headers=d.headers,
+        )
+
+
+async def publish_orphan_failure(js: JetStreamContext, sid: str, kind: FailureKind, reason: str,
+                                 ids: tuple[str, int, int, int] | None = None) -> None:
+    """A failed Result for a rollout with no session to attach it to (bad message, lost session)."""
+    if ids is None:
+        try:
+            run_id, task, rollout = parse_session_id(sid)
+        except ValueError:
+            log.error("cannot report failure for unparseable session id %r: %s", sid, reason)
+            return
+        ids = (run_id, task, rollout, 0)
+    run_id, task, rollout, attempt = ids
+    result = Result(session_id=session_id(run_id, task, rollout), run_id=run_id, task_index=task,
+                    rollout_index=rollout, attempt=attempt, failure_kind=kind, failure_reason=reason,
+                    timings=_finished(Timings()))
+    await publish(js, topology.result_subject(run_id), result, f"{result.session_id}:failed:{attempt}")
+
+
+Handler = Callable[[Runtime, Any, Msg, Delivery], Awaitable[None]]

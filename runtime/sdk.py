@@ -1,0 +1,314 @@
+"""The function SDK: what an environment or an agent author imports.
+
+An environment is tools (documented ``async def``s), an optional ``seed`` and a ``verify``;
+an agent is one ``step``. Both are plain async functions declared once at the bottom of a module
+and found by import string (``functions.math:ENVIRONMENT``). They never see NATS: the runtime
+loads the session, calls them, commits the new state and emits the next message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+
+import jsonschema
+import msgspec
+
+from broker.schemas import FunctionCall, Options, Session, Turn, Usage
+from runtime.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from runtime.model_client import ModelOutput
+
+__all__ = [
+    "Agent",
+    "AgentContext",
+    "CallTools",
+    "Context",
+    "Environment",
+    "Finish",
+    "Rollout",
+    "Task",
+    "Tool",
+    "Verdict",
+    "load",
+]
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Task(Generic[M]):
+    """One task as the environment sees it: its verifier fields (``meta``) and what was asked."""
+
+    index: int
+    rollout_index: int
+    meta: M
+    """The task row's fields besides ``responses_create_params``; typed if the environment declares ``meta``."""
+    params: dict[str, Any]
+    """The Responses create body without ``input``."""
+    input: list[dict[str, Any]]
+    """The input items the model was given."""
+
+
+@dataclass
+class Context(Generic[M]):
+    """What a tool or ``seed`` may use: the task, and ``state``, committed with the step."""
+
+    session_id: str
+    task: Task[M]
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What the verifier scores: every item the rollout produced, and the final text."""
+
+    output: list[dict[str, Any]]
+    state: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        """Text of the last assistant message (empty if the model never answered in text)."""
+        for item in reversed(self.output):
+            if item.get("type") == "message" and item.get("role", "assistant") == "assistant":
+                return message_text(item)
+        return ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A reward plus what the verifier wants reported (``extracted_answer`` feeds majority@k)."""
+
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def message_text(item: dict[str, Any]) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+ToolFn = Callable[..., Awaitable[Any]]
+
+
+class Tool:
+    """A tool: an ``async def`` whose name, docstring and signature are its name, description and schema.
+
+    A first parameter annotated ``Context`` receives the session context; the others are the
+    model's arguments, validated against the JSON schema before the call.
+    """
+
+    def __init__(self, fn: ToolFn, *, name: str | None = None, parameters: dict[str, Any] | None = None) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"tool {fn.__qualname__} must be an async def")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
+        sig = inspect.signature(fn)
+        hints = get_type_hints(fn)
+        args = list(sig.parameters.values())
+        self.wants_context = bool(args) and _is_context(hints.get(args[0].name))
+        self.arg_params = args[1:] if self.wants_context else args
+        self.parameters = parameters or _schema(self.name, self.arg_params, hints)
+        self._validator = jsonschema.Draft202012Validator(self.parameters)
+
+    def spec(self) -> dict[str, Any]:
+        """The tool as a Responses API ``tools`` entry (flat function spec)."""
+        return {"type": "function", "name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def parse(self, arguments: str) -> dict[str, Any]:
+        """The model's JSON arguments, checked against the schema; InvalidInput names the field."""
+        try:
+            args = json.loads(arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"arguments of tool {self.name!r} are not valid JSON: {exc}") from exc
+        if not isinstance(args, dict):
+            raise InvalidInput(f"arguments of tool {self.name!r} must be a JSON object, got {type(args).__name__}")
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
+        if error is not None:
+            raise InvalidInput(f"argument {error.json_path} of tool {self.name!r}: {error.message}")
+        return args
+
+    async def __call__(self, ctx: Context[Any], args: dict[str, Any]) -> Any:
+        return await (self.fn(ctx, **args) if self.wants_context else self.fn(**args))
+
+
+def _is_context(annotation: Any) -> bool:
+    return annotation is Context or getattr(annotation, "__origin__", None) is Context
+
+
+def _schema(name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any]) -> dict[str, Any]:
+    fields: list[Any] = []
+    for p in params:
+        tp = hints.get(p.name, Any)
+        fields.append((p.name, tp) if p.default is inspect.Parameter.empty else (p.name, tp, p.default))
+    struct = msgspec.defstruct(name, fields, kw_only=True)
+    (schema,), defs = msgspec.json.schema_components([struct])
+    body = defs.pop(struct.__name__)
+    body.pop("title", None)
+    if defs:
+        body["$defs"] = defs
+    return body
+
+
+VerifyFn = Callable[[Task[Any], Rollout], Awaitable["float | Verdict"]]
+SeedFn = Callable[[Context[Any]], Awaitable[None]]
+
+
+@dataclass
+class Environment:
+    """Tools the model may call, an optional ``seed`` for new sessions, and the ``verify`` that scores."""
+
+    name: str
+    verify: VerifyFn
+    tools: Sequence[Tool | ToolFn] = ()
+    seed: SeedFn | None = None
+    meta: type | None = None
+    """A msgspec Struct for the task's verifier fields; validated (naming the field) before use."""
+
+    def __post_init__(self) -> None:
+        self.tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
+        names = [t.name for t in self.tools]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"environment {self.name!r} declares tool(s) {sorted(dupes)} more than once")
+        self.by_name: dict[str, Tool] = {t.name: t for t in self.tools}
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        return [t.spec() for t in self.by_name.values()]
+
+    def task(self, session: Session) -> Task[Any]:
+        meta: Any = session.meta
+        if self.meta is not None:
+            try:
+                meta = msgspec.convert(session.meta, self.meta)
+            except msgspec.ValidationError as exc:
+                raise InvalidInput(f"task field {str(exc).replace('`$', '`$.meta', 1)}") from exc
+        return Task(
+            index=session.task_index,
+            rollout_index=session.rollout_index,
+            meta=meta,
+            params=session.params,
+            input=session.items[: session.n_input],
+        )
+
+
+@dataclass(frozen=True)
+class CallTools:
+    """Agent action: send these calls to the environment, then step again."""
+
+    calls: list[FunctionCall]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Agent action: the rollout is done; send it to the verifier."""
+
+
+Action = CallTools | Finish
+
+
+class Respond:
+    """Calls the policy model for one session; provided by the runtime (see ``runtime.model_client``)."""
+
+    async def __call__(
+        self, items: list[dict[str, Any]], params: dict[str, Any], session: Session
+    ) -> ModelOutput:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+@dataclass
+class AgentContext:
+    """What an agent step sees: the conversation so far and a way to call the model."""
+
+    session: Session
+    _respond: Respond
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """The conversation so far (input items, then everything produced); append to extend it."""
+        return self.session.items
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The task's Responses create body without ``input`` (tools, sampling parameters)."""
+        return self.session.params
+
+    @property
+    def options(self) -> Options:
+        return self.session.options
+
+    @property
+    def turns_taken(self) -> int:
+        """Model calls made so far in this rollout, this one included once ``respond`` returns."""
+        return self.session.turns_taken
+
+    async def respond(self, **overrides: Any) -> list[dict[str, Any]]:
+        """Call the model with the conversation and the task's tools; append and return its output items."""
+        out = await self._respond(self.session.items, {**self.session.params, **overrides}, self.session)
+        s = self.session
+        s.items.extend(out.items)
+        s.turns_taken += 1
+        s.usage = Usage(
+            input_tokens=s.usage.input_tokens + out.usage.input_tokens,
+            output_tokens=s.usage.output_tokens + out.usage.output_tokens,
+        )
+        s.sampling = out.sampling
+        if out.turn is not None:
+            s.turns.append(out.turn)
+        return out.items
+
+
+def function_calls(items: list[dict[str, Any]]) -> list[FunctionCall]:
+    """The ``function_call`` items among ``items``, as wire FunctionCalls."""
+    return [
+        FunctionCall(call_id=str(i.get("call_id") or i.get("id") or ""), name=str(i.get("name", "")),
+                     arguments=str(i.get("arguments", "")))
+        for i in items
+        if i.get("type") == "function_call"
+    ]
+
+
+StepFn = Callable[[AgentContext], Awaitable[Action]]
+
+
+@dataclass
+class Agent:
+    """An agent: one ``step`` that calls the model and says what happens next."""
+
+    name: str
+    step: StepFn
+
+
+Function = Agent | Environment
+
+
+def load(ref: str) -> Function:
+    """Load a function by import string: ``pkg.module:NAME``, or a short name under ``functions/``.
+
+    ``math`` means ``functions.math`` and its ``ENVIRONMENT`` (or ``AGENT``).
+    """
+    module_name, _, attr = ref.partition(":")
+    if "." not in module_name and not attr:
+        module_name = f"functions.{module_name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise LookupError(f"function {ref!r}: no module {module_name!r}") from exc
+        raise
+    names = [attr] if attr else ["ENVIRONMENT", "AGENT"]
+    for name in names:
+        obj = getattr(module, name, None)
+        if isinstance(obj, (Agent, Environment)):
+            return obj
+    raise LookupError(f"function {ref!r}: {module_name} has no Agent or Environment named {' or '.join(names)}")

@@ -1,0 +1,130 @@
+"""The local stack: what ``gymbus collect`` starts when no broker URL is given.
+
+An embedded nats-server on the run folder's store, the simulated policy when no model URL is
+configured, and one worker process per function replica, all as plain child processes of the CLI,
+running the same commands the compose services run. Everything is stopped when the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from broker.server import EmbeddedServer, die_with_parent
+
+log = logging.getLogger("gymbus.stack")
+
+
+def gymbus_command(*args: str) -> list[str]:
+    """``gymbus ARGS`` as a command line that works without the console script on PATH."""
+    return [sys.executable, "-m", "runtime", *args]
+
+
+class Process:
+    """A child process whose output goes to a log file."""
+
+    def __init__(self, name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_dir / f"{name}.log"
+        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE if name.startswith("policy") else self._log, stderr=self._log,
+            env={**os.environ, **(env or {})}, start_new_session=True, preexec_fn=die_with_parent,
+        )
+
+    def read_ready_line(self, timeout: float = 60.0) -> dict[str, object]:
+        """The first stdout line (a JSON object), which the simulated policy prints once listening."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        buf = b""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
+            chunk = self.proc.stdout.read() or b""
+            buf += chunk
+            if b"\n" in buf:
+                return json.loads(buf.split(b"\n", 1)[0])
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.name} did not start within {timeout}s; see {self.log_path}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+
+
+class LocalStack:
+    """Broker, simulated policy and workers for one run, as child processes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.log_dir = run_dir / "logs"
+        self.broker: EmbeddedServer | None = None
+        self.procs: list[Process] = []
+        self.model_url: str | None = None
+
+    @property
+    def nats_url(self) -> str:
+        assert self.broker is not None
+        return self.broker.url
+
+    def start_broker(self) -> str:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.broker = EmbeddedServer(
+            self.run_dir / "broker", log_file=self.log_dir / "nats-server.log", die_with_parent=True
+        ).start()
+        return self.broker.url
+
+    def start_simulator(self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str) -> str:
+        proc = Process("policy-simulated", gymbus_command(
+            "simulate", "--tasks", tasks, "--accuracy", str(accuracy), "--latency-ms", str(latency_ms),
+            "--seed", str(seed), "--model", model, "--port", "0"), self.log_dir)
+        self.procs.append(proc)
+        self.model_url = str(proc.read_ready_line()["url"])
+        return self.model_url
+
+    def start_worker(self, ref: str, replica: int, *, concurrency: int) -> Process:
+        name = ref.split(":")[0].rsplit(".", 1)[-1]
+        proc = Process(f"worker-{name}-{replica}", gymbus_command(
+            "worker", ref, "--nats", self.nats_url, "--concurrency", str(concurrency)), self.log_dir)
+        self.procs.append(proc)
+        return proc
+
+    def check(self) -> list[str]:
+        """Names of child processes that died."""
+        return [p.name for p in self.procs if not p.alive()]
+
+    def stop(self) -> None:
+        """Workers first (they drain in-flight work, which may still call the model), then the policy, then the broker."""
+        workers = [p for p in self.procs if p.name.startswith("worker-")]
+        for p in workers:
+            p.signal(signal.SIGTERM)
+        for p in workers:
+            p.stop()
+        for p in self.procs:
+            if p not in workers:
+                p.stop()
+        self.procs.clear()
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None

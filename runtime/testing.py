@@ -1,0 +1,151 @@
+"""Test harness for gymbus and for function authors: a real broker, real workers, a simulated policy.
+
+    async with Harness() as h:                       # fresh nats-server on a temp store
+        h.simulate("functions/math/data/example.jsonl", accuracy=1.0)
+        await h.worker("simple_agent"); await h.worker("math")
+        await h.submit(h.start(task_row, run_id="t1"))
+        [result] = await h.results("t1", 1)
+
+Everything between the simulated policy (a real HTTP server) and the broker is the production path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from broker import inspect, topology
+from broker.connect import connect
+from broker.publish import publish, publish_raw
+from broker.schemas import Msg, Options, Result, Session, Start, result_decoder, session_id
+from broker.server import EmbeddedServer
+from broker.sessions import SessionStore
+from runtime.model_client import register
+from runtime.sdk import Function, load
+from runtime.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.worker import Worker
+
+_ids = itertools.count()
+
+
+class Harness:
+    def __init__(self, store_dir: str | Path | None = None, limits: topology.Limits | None = None) -> None:
+        self.broker = EmbeddedServer(store_dir)
+        self.limits = limits or topology.Limits(ack_wait_s=5.0, max_deliver=3)
+        self.nc: Client | None = None
+        self.sim: Simulator | None = None
+        self._sim_server: InThread | None = None
+        self.model_url: str | None = None
+        self._workers: list[tuple[Worker, asyncio.Task[None]]] = []
+
+    @property
+    def js(self) -> JetStreamContext:
+        assert self.nc is not None
+        return self.nc.jetstream()
+
+    @property
+    def store(self) -> SessionStore:
+        return SessionStore(self.js)
+
+    async def __aenter__(self) -> Harness:
+        await asyncio.to_thread(self.broker.start)
+        self.nc = await connect(self.broker.url, name="gymbus-test")
+        await topology.ensure(self.js, self.limits)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_workers()
+        if self.nc is not None:
+            await self.nc.close()
+        if self._sim_server is not None:
+            self._sim_server.__exit__()
+        await asyncio.to_thread(self.broker.close)
+
+    async def simulate(self, *task_files: str | Path, model: str = "policy", **config: Any) -> str:
+        """Start the simulated policy in a thread and register it as ``model``; returns its base URL."""
+        self.sim = Simulator(load_answer_key(task_files), SimConfig(model=model, **config))
+        self._sim_server = InThread(self.sim.app()).__enter__()
+        self.model_url = f"{self._sim_server.url}/v1"
+        await register(self.js, model, [self.model_url])
+        return self.model_url
+
+    async def worker(self, function: str | Function, **options: Any) -> Worker:
+        """Run a worker for ``function`` as a task of this event loop, until the harness exits."""
+        fn = load(function) if isinstance(function, str) else function
+        options.setdefault("limits", self.limits)
+        w = Worker(fn, nats_url=self.broker.url, **options)
+        task = asyncio.create_task(w.run())
+        self._workers.append((w, task))
+        await asyncio.wait({task, asyncio.create_task(w.ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+        return w
+
+    async def stop_workers(self) -> None:
+        for w, _ in self._workers:
+            w.stop()
+        if self._workers:
+            await asyncio.gather(*(t for _, t in self._workers), return_exceptions=True)
+        self._workers.clear()
+
+    @staticmethod
+    def start(row: dict[str, Any], *, run_id: str = "test", task_index: int = 0, rollout_index: int = 0,
+              agent: str = "simple_agent", env: str = "math", attempt: int = 0, **options: Any) -> Start:
+        """A Start for a NeMo Gym-shaped task row."""
+        return Start(
+            run_id=run_id, task_index=task_index, rollout_index=rollout_index, attempt=attempt, agent=agent,
+            env=env, responses_create_params=row["responses_create_params"],
+            meta={k: v for k, v in row.items() if k != "responses_create_params"}, options=Options(**options),
+        )
+
+    async def submit(self, msg: Start | bytes, subject: str | None = None, msg_id: str | None = None) -> None:
+        """Publish a Start (or raw bytes, to test bad input) as a client would."""
+        if isinstance(msg, Start):
+            sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
+            await publish(self.js, subject or topology.agent_subject(msg.agent), msg,
+                          msg_id or f"{sid}:start:{msg.attempt}")
+        else:
+            await publish_raw(self.js, subject or topology.agent_subject("simple_agent"), msg,
+                              {"Nats-Msg-Id": msg_id or f"raw-{next(_ids)}"})
+
+    async def send(self, subject: str, msg: Msg, msg_id: str) -> None:
+        await publish(self.js, subject, msg, msg_id)
+
+    async def results(self, run_id: str, n: int, timeout: float = 30.0) -> list[Result]:
+        """Wait until the run's result subject holds ``n`` messages; returns them all (duplicates included)."""
+        subject = topology.result_subject(run_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            count = await inspect.count(self.js, topology.RESULTS_STREAM, subject)
+            if count >= n or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return await self.read(subject, count)
+
+    async def read(self, subject: str, count: int | None = None, stream: str = topology.RESULTS_STREAM) -> list[Any]:
+        """Messages on ``subject`` without consuming them (Results decoded; raw messages otherwise)."""
+        out: list[Any] = []
+        async for m in inspect.messages(self.js, stream, subject):
+            out.append(result_decoder.decode(m.data or b"") if stream == topology.RESULTS_STREAM else m)
+            if count is not None and len(out) >= count:
+                break
+        return out
+
+    async def session(self, sid: str) -> Session | None:
+        loaded = await self.store.get(sid)
+        return loaded[0] if loaded else None
+
+    async def pending(self, subject: str) -> int:
+        """Messages waiting on a work subject."""
+        return await inspect.count(self.js, topology.WORK_STREAM, subject)
+
+
+def task_rows(path: str | Path) -> list[dict[str, Any]]:
+    return [msgspec.json.decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]

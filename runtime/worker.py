@@ -1,0 +1,294 @@
+"""The worker: binds one function to its durable consumer(s) and runs messages through it.
+
+It pulls in batches, runs up to ``concurrency`` messages at once, tells the broker a long
+handler is still in progress, acks on success, naks with backoff on retryable errors, and ends
+the rollout with a failed Result (plus a dead letter when the delivery budget is spent) on
+permanent ones. It holds no state between messages (DESIGN invariant 4); SIGTERM drains it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg as NatsMsg
+from nats.js import JetStreamContext
+
+from broker import topology
+from broker.connect import connect
+from broker.publish import publish_raw
+from broker.schemas import (
+    DeadLetter,
+    FailureKind,
+    Msg,
+    Start,
+    agent_decoder,
+    encoder,
+    session_id,
+    tool_decoder,
+    verify_decoder,
+)
+from broker.sessions import SessionStore
+from broker.topology import Limits, Role
+from runtime import handlers
+from runtime.errors import RETRIED_KINDS, GymError, Retry
+from runtime.handlers import Delivery, Runtime
+from runtime.model_client import Endpoints, ModelClient
+from runtime.sdk import Agent, Environment, Function
+
+log = logging.getLogger("gymbus.worker")
+
+_ROUTES: dict[Role, tuple[Callable[[bytes], Any], handlers.Handler]] = {
+    "agent": (agent_decoder.decode, handlers.handle_agent),
+    "tool": (tool_decoder.decode, handlers.handle_tool),
+    "verify": (verify_decoder.decode, handlers.handle_verify),
+}
+
+
+def roles_of(fn: Function) -> list[Role]:
+    return ["agent"] if isinstance(fn, Agent) else ["tool", "verify"]
+
+
+class _Slots:
+    """Free handler slots of one consumer. Each subject a worker serves has its own, so a long poll
+    on an idle subject never holds up work waiting on another."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._cond = asyncio.Condition()
+
+    async def take(self, most: int) -> int:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.free > 0)
+            k = min(most, self.free)
+            self.free -= k
+            return k
+
+    async def give(self, k: int = 1) -> None:
+        async with self._cond:
+            self.free += k
+            self._cond.notify_all()
+
+
+@dataclass
+class Worker:
+    """One function's worker process (or task, in tests)."""
+
+    function: Function
+    nats_url: str
+    concurrency: int = 64
+    batch: int = 32
+    roles: list[Role] | None = None
+    model_url: str | None = None
+    limits: Limits = field(default_factory=Limits.from_env)
+    drain_timeout_s: float = 30.0
+    fetch_timeout_s: float = 1.0
+    retried_kinds: frozenset[FailureKind] = RETRIED_KINDS
+    stats: Counter[str] = field(default_factory=Counter)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Serve until `stop()` (or SIGTERM in `serve`), then drain."""
+        nc = await connect(self.nats_url, name=f"gymbus-worker-{self.name}")
+        client: ModelClient | None = None
+        try:
+            js = nc.jetstream()
+            await topology.ensure(js, self.limits)
+            if isinstance(self.function, Agent):
+                client = ModelClient(Endpoints(js, self.model_url))
+            rt = Runtime(js, SessionStore(js), respond=client)
+            loops = []
+            for role in self.roles or roles_of(self.function):
+                durable = await topology.ensure_consumer(js, role, self.name, self.limits)
+                psub = await js.pull_subscribe_bind(consumer=durable, stream=topology.WORK_STREAM)
+                loops.append(asyncio.create_task(self._loop(rt, psub, role, _Slots(self.concurrency))))
+            self.ready.set()
+            log.info("worker %s serving %s", self.name, [topology.subject(r, self.name) for r in self.roles or roles_of(self.function)])
+            await self._stopping.wait()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._drain()
+        finally:
+            if client is not None:
+                await client.close()
+            await _close(nc)
+
+    async def _loop(self, rt: Runtime, psub: JetStreamContext.PullSubscription, role: Role, slots: _Slots) -> None:
+        decode, handle = _ROUTES[role]
+        while not self._stopping.is_set():
+            n = await slots.take(self.batch)
+            try:
+                msgs = await psub.fetch(n, timeout=self.fetch_timeout_s)
+            except TimeoutError:
+                msgs = []
+            except Exception as exc:  # broker gone for a moment: reconnect logic lives in the client
+                log.warning("fetch on %s failed: %s", topology.subject(role, self.name), exc)
+                msgs = []
+                await asyncio.sleep(0.5)
+            if len(msgs) < n:
+                await slots.give(n - len(msgs))
+            for m in msgs:
+                task = asyncio.create_task(self._process(rt, m, role, decode, handle, slots))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _process(self, rt: Runtime, m: NatsMsg, role: Role, decode: Callable[[bytes], Any],
+                       handle: handlers.Handler, slots: _Slots) -> None:
+        md = m.metadata
+        d = Delivery(published_at=md.timestamp.timestamp(), num_delivered=md.num_delivered,
+                     headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")})
+        beat = asyncio.create_task(self._heartbeat(m))
+        self.stats["in_flight"] += 1
+        try:
+            try:
+                msg = decode(m.data)
+            except msgspec.DecodeError as exc:
+                await self._reject(rt, m, role, exc, d)
+                return
+            try:
+                await handle(rt, self.function, msg, d)
+            except Retry as exc:
+                await self._retry_or_fail(rt, m, role, msg, "internal", exc.reason, d, True, exc.delay)
+            except GymError as exc:
+                retry = exc.retry if exc.retry is not None else exc.kind in self.retried_kinds
+                await self._retry_or_fail(rt, m, role, msg, exc.kind, exc.reason, d, retry)
+            except Exception as exc:
+                log.exception("%s: unexpected error handling %s", self.name, type(msg).__name__)
+                await self._retry_or_fail(rt, m, role, msg, "internal", f"{type(exc).__name__}: {exc}", d, True)
+            else:
+                await m.ack()
+                self.stats["processed"] += 1
+        except Exception:  # could not even settle the message: leave it to redelivery
+            log.exception("%s: could not settle message %s", self.name, md.sequence.stream)
+        finally:
+            beat.cancel()
+            self.stats["in_flight"] -= 1
+            await slots.give()
+
+    async def _heartbeat(self, m: NatsMsg) -> None:
+        """Keep a long handler's message from being redelivered while it still runs."""
+        period = max(0.2, self.limits.ack_wait_s / 3)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await m.in_progress()
+            except Exception as exc:
+                log.debug("in_progress failed: %s", exc)
+
+    async def _retry_or_fail(self, rt: Runtime, m: NatsMsg, role: Role, msg: Msg, kind: FailureKind, reason: str,
+                             d: Delivery, retry: bool, delay: float | None = None) -> None:
+        if retry and d.num_delivered < self.limits.max_deliver:
+            self.stats["retried"] += 1
+            await m.nak(delay=delay if delay is not None else backoff(d.num_delivered))
+            return
+        if retry:
+            reason = f"{reason} (gave up after {d.num_delivered} deliveries)"
+            await self._dead_letter(rt, m, role, kind, reason, d, _sid(msg))
+        await handlers.fail(rt, msg, kind, reason, d)
+        self.stats[f"failed:{kind}"] += 1
+        await m.term()
+
+    async def _reject(self, rt: Runtime, m: NatsMsg, role: Role, exc: msgspec.DecodeError, d: Delivery) -> None:
+        """A message that does not decode is permanent: dead-letter it and fail its rollout if it names one."""
+        reason = f"invalid {role} message: {exc}"
+        ids = _lenient_ids(m.data)
+        await self._dead_letter(rt, m, role, "invalid_input", reason, d, ids[0] if ids else None)
+        if ids:
+            sid, run_id, task, rollout, attempt = ids
+            await handlers.publish_orphan_failure(rt.js, sid, "invalid_input", reason, (run_id, task, rollout, attempt))
+        else:
+            log.error("%s: dropped a message naming no rollout (dead-lettered): %s", self.name, reason)
+        self.stats["failed:invalid_input"] += 1
+        await m.term()
+
+    async def _dead_letter(self, rt: Runtime, m: NatsMsg, role: Role, kind: FailureKind, error: str, d: Delivery,
+                           sid: str | None) -> None:
+        try:
+            payload, encoding = m.data.decode(), "utf-8"
+        except UnicodeDecodeError:
+            payload, encoding = base64.b64encode(m.data).decode(), "base64"
+        seq = m.metadata.sequence.stream
+        letter = DeadLetter(
+            function=self.name, subject=m.subject, stream_seq=seq, num_delivered=d.num_delivered,
+            failure_kind=kind, error=error, session_id=sid, payload=payload, payload_encoding=encoding,  # type: ignore[arg-type]
+            headers=dict(m.headers or {}), dead_at=time.time(),
+        )
+        await publish_raw(rt.js, topology.dead_subject(self.name), encoder.encode(letter), {"Nats-Msg-Id": f"dead:{seq}"})
+
+    async def _drain(self) -> None:
+        if not self._tasks:
+            return
+        log.info("worker %s draining %d in-flight messages", self.name, len(self._tasks))
+        _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
+        for task in pending:  # not committed, so safe to hand back: the broker redelivers them
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def backoff(num_delivered: int) -> float:
+    """Delay before redelivery: 0.5 s doubling per delivery, capped at 30 s, with ±25% jitter."""
+    return min(30.0, 0.5 * 2 ** (num_delivered - 1)) * random.uniform(0.75, 1.25)
+
+
+def _sid(msg: Msg) -> str | None:
+    if isinstance(msg, Start):
+        return session_id(msg.run_id, msg.task_index, msg.rollout_index)
+    return getattr(msg, "session_id", None)
+
+
+def _lenient_ids(data: bytes) -> tuple[str, str, int, int, int] | None:
+    """(session, run, task, rollout, attempt) from a message that failed strict decoding, if it has them."""
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        if isinstance(raw.get("session_id"), str):
+            run_id, task, rollout = raw["session_id"].rsplit(".", 2)
+            ids = (run_id, int(task), int(rollout), 0)
+        else:
+            ids = (raw["run_id"], int(raw["task_index"]), int(raw.get("rollout_index", 0)), int(raw.get("attempt", 0)))
+    except (KeyError, ValueError, TypeError):
+        return None
+    run_id = ids[0]
+    if not isinstance(run_id, str) or not run_id or not all(c.isalnum() or c in "-_" for c in run_id):
+        return None
+    return (session_id(run_id, ids[1], ids[2]), run_id, ids[1], ids[2], ids[3])
+
+
+async def _close(nc: Client) -> None:
+    """Flush what is buffered (acks, naks), then close; in-flight work was drained already."""
+    try:
+        await nc.flush(timeout=5)
+    except Exception as exc:
+        log.debug("flush before close failed: %s", exc)
+    await nc.close()
+
+
+async def serve(worker: Worker) -> None:
+    """Run a worker until SIGTERM or SIGINT, then drain and exit."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    await worker.run()
