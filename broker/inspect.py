@@ -13,7 +13,9 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 
-async def messages(js: JetStreamContext, stream: str, subject: str = ">", start_seq: int = 1) -> AsyncIterator[RawStreamMsg]:
+async def messages(
+    js: JetStreamContext, stream: str, subject: str = ">", start_seq: int = 1
+) -> AsyncIterator[RawStreamMsg]:
     """Every message of ``stream`` on ``subject`` (wildcards allowed), in sequence order."""
     seq = start_seq
     while True:

@@ -119,7 +119,10 @@ class EmbeddedServer:
         )
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
-                [binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [binary(), "-c", str(conf)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=die_with_parent if self.die_with_parent else None,
             )
         ports = self._wait_for_ports(ports_dir / f"nats-server_{self.proc.pid}.ports", timeout)

@@ -50,7 +50,9 @@ class SessionStore:
         if ttl_s is not None:
             headers[Header.MSG_TTL.value] = f"{int(ttl_s)}s"
         try:
-            ack = await publish_raw(self._js, self._prefix + session.session_id, session_encoder.encode(session), headers)
+            ack = await publish_raw(
+                self._js, self._prefix + session.session_id, session_encoder.encode(session), headers
+            )
         except APIError as exc:
             if exc.err_code in (10071, 10164):
                 raise StateConflict(session.session_id) from exc

@@ -90,7 +90,6 @@ class Limits:
     session_ttl_s: float = 7 * 24 * 3600.0
     """Backstop expiry of session keys (each step rewrites the key, so only abandoned ones expire)."""
 
-
     @classmethod
     def from_env(cls) -> Limits:
         """Defaults overridden by ``GYMBUS_<FIELD>`` variables (e.g. ``GYMBUS_ACK_WAIT_S=5``)."""

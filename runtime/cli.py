@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -30,7 +30,7 @@ console = Console()
 err = Console(stderr=True)
 
 NatsOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--nats", envvar="GYMBUS_NATS_URL", help="Broker URL, e.g. nats://127.0.0.1:4222."),
 ]
 
@@ -49,17 +49,24 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def collect(
-    config: Annotated[Path, typer.Argument(help="Run config YAML (agent, env, model, limits), e.g. configs/quickstart.yaml.")],
-    input: Annotated[Optional[str], typer.Option("--input", "-i", help="Task JSONL (overrides the config's input).")] = None,
-    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Folder for run folders (default: runs).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Use only the first N tasks.")] = None,
-    repeats: Annotated[Optional[int], typer.Option("--repeats", "-r", "--num-repeats", help="Rollouts per task.")] = None,
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id; an existing one resumes that run.")] = None,
+    config: Annotated[
+        Path, typer.Argument(help="Run config YAML (agent, env, model, limits), e.g. configs/quickstart.yaml.")
+    ],
+    input: Annotated[
+        str | None, typer.Option("--input", "-i", help="Task JSONL (overrides the config's input).")
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Folder for run folders (default: runs).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Use only the first N tasks.")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", "-r", "--num-repeats", help="Rollouts per task.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id; an existing one resumes that run.")] = None,
     nats: NatsOpt = None,
     model_url: Annotated[
-        Optional[str], typer.Option("--model-url", help="OpenAI-compatible base URL(s), comma-separated; skips the simulator.")
+        str | None,
+        typer.Option("--model-url", help="OpenAI-compatible base URL(s), comma-separated; skips the simulator."),
     ] = None,
-    concurrency: Annotated[Optional[int], typer.Option("--concurrency", "-c", help="Messages per worker at once.")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="Messages per worker at once.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -76,8 +83,15 @@ def collect(
     _logging(verbose)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the local stack cleanly on SIGTERM too
     try:
-        cfg = load_config(config, input=input, output=output, limit=limit, repeats=repeats, nats=nats,
-                          **{"model.base_url": model_url, "workers.concurrency": concurrency})
+        cfg = load_config(
+            config,
+            input=input,
+            output=output,
+            limit=limit,
+            repeats=repeats,
+            nats=nats,
+            **{"model.base_url": model_url, "workers.concurrency": concurrency},
+        )
         summary = asyncio.run(run_collect(cfg, run_id=run_id, quiet=quiet))
     except (ConfigError, InputError) as exc:
         raise _fail(str(exc)) from None
@@ -105,16 +119,23 @@ def _print_summary(summary: object) -> None:
 
 @app.command()
 def worker(
-    function: Annotated[str, typer.Argument(help="Function to serve: a name under functions/ (math, simple_agent) or module:OBJECT.")],
+    function: Annotated[
+        str, typer.Argument(help="Function to serve: a name under functions/ (math, simple_agent) or module:OBJECT.")
+    ],
     nats: NatsOpt = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Messages handled at once, per subject served.")] = 64,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", help="Messages handled at once, per subject served.")
+    ] = 64,
     batch: Annotated[int, typer.Option("--batch", help="Messages fetched per pull request.")] = 32,
     role: Annotated[
-        Optional[list[str]], typer.Option("--role", help="Serve only these roles: agent, tool, verify (default: all of the function's).")
+        list[str] | None,
+        typer.Option("--role", help="Serve only these roles: agent, tool, verify (default: all of the function's)."),
     ] = None,
     model_url: Annotated[
-        Optional[str],
-        typer.Option("--model-url", envvar="GYMBUS_MODEL_URL", help="Static model base URL(s); default: the models KV bucket."),
+        str | None,
+        typer.Option(
+            "--model-url", envvar="GYMBUS_MODEL_URL", help="Static model base URL(s); default: the models KV bucket."
+        ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ class InputError(ValueError):
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 @dataclass
@@ -75,14 +75,17 @@ def read_tasks(path: str | Path, limit: int | None = None) -> list[TaskRow]:
                 rows.append(TaskRow(len(rows), None, f"{p.name} line {lineno} is not valid JSON: {exc}"))
                 continue
             if not isinstance(row, dict):
-                rows.append(TaskRow(len(rows), None, f"{p.name} line {lineno} is a JSON {type(row).__name__}, not an object"))
+                rows.append(
+                    TaskRow(len(rows), None, f"{p.name} line {lineno} is a JSON {type(row).__name__}, not an object")
+                )
             else:
                 rows.append(TaskRow(len(rows), row))
     return rows
 
 
-def build_start(cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attempt: int,
-                tool_specs: list[dict[str, Any]] | None) -> Start:
+def build_start(
+    cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attempt: int, tool_specs: list[dict[str, Any]] | None
+) -> Start:
     assert task.row is not None
     meta = {k: v for k, v in task.row.items() if k != "responses_create_params"}
     params = task.row.get("responses_create_params")
@@ -91,26 +94,35 @@ def build_start(cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attemp
         if tool_specs and "tools" not in params:
             params["tools"] = tool_specs
     return Start(
-        run_id=run_id, task_index=task.index, rollout_index=rollout, attempt=attempt, agent=cfg.agent, env=cfg.env,
-        model=cfg.model.name, responses_create_params=params,  # type: ignore[arg-type]  # checked by the agent
-        meta=meta, options=cfg.limits.options(),
+        run_id=run_id,
+        task_index=task.index,
+        rollout_index=rollout,
+        attempt=attempt,
+        agent=cfg.agent,
+        env=cfg.env,
+        model=cfg.model.name,
+        responses_create_params=params,  # type: ignore[arg-type]  # checked by the agent
+        meta=meta,
+        options=cfg.limits.options(),
     )
 
 
 def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
     """A NeMo Gym-compatible output row: the input row plus response, reward and ids."""
     row = dict(task_row or {})
-    row.update({
-        "task_index": r.task_index,
-        "rollout_index": r.rollout_index,
-        "session_id": r.session_id,
-        "attempt": r.attempt,
-        "response": {"output": r.output, "usage": msgspec.to_builtins(r.usage)},
-        "reward": r.reward,
-        "verifier": r.verifier,
-        "sampling": r.sampling,
-        "timings": {**msgspec.to_builtins(r.timings), "total_s": r.timings.total_s},
-    })
+    row.update(
+        {
+            "task_index": r.task_index,
+            "rollout_index": r.rollout_index,
+            "session_id": r.session_id,
+            "attempt": r.attempt,
+            "response": {"output": r.output, "usage": msgspec.to_builtins(r.usage)},
+            "reward": r.reward,
+            "verifier": r.verifier,
+            "sampling": r.sampling,
+            "timings": {**msgspec.to_builtins(r.timings), "total_s": r.timings.total_s},
+        }
+    )
     if r.turns:
         row["turns"] = msgspec.to_builtins(r.turns)
     if r.failed:
@@ -123,10 +135,16 @@ def result_from_row(row: dict[str, Any]) -> Result | None:
     """A Result rebuilt from a ``rollouts.jsonl`` row (for resume when the stream lost it)."""
     try:
         return Result(
-            session_id=row["session_id"], run_id=row["session_id"].rsplit(".", 2)[0], task_index=row["task_index"],
-            rollout_index=row["rollout_index"], attempt=row.get("attempt", 0), reward=row.get("reward"),
-            failure_kind=row.get("failure_kind"), failure_reason=row.get("failure_reason"),
-            verifier=row.get("verifier") or {}, output=(row.get("response") or {}).get("output") or [],
+            session_id=row["session_id"],
+            run_id=row["session_id"].rsplit(".", 2)[0],
+            task_index=row["task_index"],
+            rollout_index=row["rollout_index"],
+            attempt=row.get("attempt", 0),
+            reward=row.get("reward"),
+            failure_kind=row.get("failure_kind"),
+            failure_reason=row.get("failure_reason"),
+            verifier=row.get("verifier") or {},
+            output=(row.get("response") or {}).get("output") or [],
             usage=msgspec.convert((row.get("response") or {}).get("usage") or {}, Usage),
             timings=msgspec.convert({k: v for k, v in (row.get("timings") or {}).items() if k != "total_s"}, Timings),
         )
@@ -200,8 +218,9 @@ class ResultsFeed:
         await self._sub.unsubscribe()
 
 
-async def _plan_resubmission(js: JetStreamContext, missing: list[tuple[int, int]], run_id: str, fresh: bool,
-                             now: float) -> dict[tuple[int, int], int]:
+async def _plan_resubmission(
+    js: JetStreamContext, missing: list[tuple[int, int]], run_id: str, fresh: bool, now: float
+) -> dict[tuple[int, int], int]:
     """attempt to submit per missing rollout; rollouts still in flight within their deadline are skipped."""
     if fresh:
         return {key: 0 for key in missing}
@@ -232,8 +251,7 @@ def _load_env(cfg: RunConfig) -> Environment | None:
     return fn
 
 
-async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = False,
-                  console: Any = None) -> Summary:
+async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = False, console: Any = None) -> Summary:
     """Run (or resume) a collection and write its folder; returns what was gathered."""
     run_id = run_id or new_run_id()
     if not topology_name_ok(run_id):
@@ -269,8 +287,13 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         if stack is not None:
             if not model_urls:
                 sim = cfg.model.simulate
-                model_urls = stack.start_simulator(str(Path(cfg.input).resolve()), accuracy=sim.accuracy,
-                                                   latency_ms=sim.latency_ms, seed=sim.seed, model=cfg.model.name)
+                model_urls = stack.start_simulator(
+                    str(Path(cfg.input).resolve()),
+                    accuracy=sim.accuracy,
+                    latency_ms=sim.latency_ms,
+                    seed=sim.seed,
+                    model=cfg.model.name,
+                )
             for ref in (cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env):
                 for replica in range(cfg.workers.replicas):
                     stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
@@ -348,8 +371,14 @@ async def _manifest(kv: Any, run_id: str, expected: int) -> dict[str, Any] | Non
         return None
 
 
-async def _submit(js: JetStreamContext, cfg: RunConfig, run_id: str, tasks: dict[int, TaskRow],
-                  attempts: dict[tuple[int, int], int], env: Environment | None) -> int:
+async def _submit(
+    js: JetStreamContext,
+    cfg: RunConfig,
+    run_id: str,
+    tasks: dict[int, TaskRow],
+    attempts: dict[tuple[int, int], int],
+    env: Environment | None,
+) -> int:
     tool_specs = env.tool_specs() if (env is not None and cfg.env_tools) else None
     sem = asyncio.Semaphore(256)
     subject = topology.agent_subject(cfg.agent)
@@ -359,8 +388,13 @@ async def _submit(js: JetStreamContext, cfg: RunConfig, run_id: str, tasks: dict
         sid = session_id(run_id, task_index, rollout)
         async with sem:
             if task.row is None:  # unreadable row: its rollouts fail here, with the reason
-                await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row",
-                                             (run_id, task_index, rollout, attempt))
+                await publish_orphan_failure(
+                    js,
+                    sid,
+                    "invalid_input",
+                    task.error or "unreadable task row",
+                    (run_id, task_index, rollout, attempt),
+                )
                 return
             start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
             await publish(js, subject, start, f"{sid}:start:{attempt}")
@@ -369,8 +403,9 @@ async def _submit(js: JetStreamContext, cfg: RunConfig, run_id: str, tasks: dict
     return len(attempts)
 
 
-async def _wait(feed: ResultsFeed, expected: set[tuple[int, int]], stack: LocalStack | None, cfg: RunConfig,
-                progress: RunProgress) -> None:
+async def _wait(
+    feed: ResultsFeed, expected: set[tuple[int, int]], stack: LocalStack | None, cfg: RunConfig, progress: RunProgress
+) -> None:
     restarts: Counter[str] = Counter()
     while True:
         done = {(r.task_index, r.rollout_index) for r in feed.results.values()}
@@ -385,8 +420,12 @@ async def _wait(feed: ResultsFeed, expected: set[tuple[int, int]], stack: LocalS
             for proc in list(stack.procs):
                 if not proc.alive() and proc.name.startswith("worker-"):
                     restarts[proc.name] += 1
-                    log.warning("%s exited (%s); restarting it (restart %d)", proc.name, proc.proc.returncode,
-                                restarts[proc.name])
+                    log.warning(
+                        "%s exited (%s); restarting it (restart %d)",
+                        proc.name,
+                        proc.proc.returncode,
+                        restarts[proc.name],
+                    )
                     stack.procs.remove(proc)
                     ref = proc.cmd[proc.cmd.index("worker") + 1]
                     stack.start_worker(ref, int(proc.name.rsplit("-", 1)[1]), concurrency=cfg.workers.concurrency)
@@ -427,8 +466,17 @@ def _versions() -> dict[str, str]:
     return out
 
 
-async def _write_metadata(run_dir: Path, cfg: RunConfig, run_id: str, n_tasks: int, expected: int, nats_url: str,
-                          stack: LocalStack | None, model_urls: str | None, t_start: float) -> None:
+async def _write_metadata(
+    run_dir: Path,
+    cfg: RunConfig,
+    run_id: str,
+    n_tasks: int,
+    expected: int,
+    nats_url: str,
+    stack: LocalStack | None,
+    model_urls: str | None,
+    t_start: float,
+) -> None:
     meta = {
         "run_id": run_id,
         "config": msgspec.to_builtins(cfg),
@@ -449,12 +497,14 @@ async def _write_metadata(run_dir: Path, cfg: RunConfig, run_id: str, n_tasks: i
 def _finish_metadata(run_dir: Path, summary: Summary) -> None:
     path = run_dir / "metadata.json"
     meta = json.loads(path.read_text()) if path.exists() else {}
-    meta.update({
-        "finished_at": time.time(),
-        "wall_s": round(summary.wall_s, 3),
-        "results": len(summary.results),
-        "submitted_this_time": summary.submitted,
-        "failures": dict(summary.failures),
-        "mean_reward": summary.mean_reward,
-    })
+    meta.update(
+        {
+            "finished_at": time.time(),
+            "wall_s": round(summary.wall_s, 3),
+            "results": len(summary.results),
+            "submitted_this_time": summary.submitted,
+            "failures": dict(summary.failures),
+            "mean_reward": summary.mean_reward,
+        }
+    )
     path.write_text(json.dumps(meta, indent=2) + "\n")

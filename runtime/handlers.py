@@ -36,8 +36,8 @@ from broker.schemas import (
     FailureKind,
     FunctionCall,
     Msg,
-    Resume,
     Result,
+    Resume,
     Seed,
     Session,
     Start,
@@ -125,8 +125,13 @@ def _finished(t: Timings) -> Timings:
     return msgspec.structs.replace(t)
 
 
-def build_result(s: Session, *, reward: float | None = None, verifier: dict[str, Any] | None = None,
-                 failure: tuple[FailureKind, str] | None = None) -> Result:
+def build_result(
+    s: Session,
+    *,
+    reward: float | None = None,
+    verifier: dict[str, Any] | None = None,
+    failure: tuple[FailureKind, str] | None = None,
+) -> Result:
     return Result(
         session_id=s.session_id,
         run_id=s.run_id,
@@ -140,7 +145,7 @@ def build_result(s: Session, *, reward: float | None = None, verifier: dict[str,
         failure_kind=failure[0] if failure else None,
         failure_reason=failure[1] if failure else None,
         verifier=verifier or {},
-        output=s.items[s.n_input:],
+        output=s.items[s.n_input :],
         usage=s.usage,
         sampling=s.sampling,
         turns=s.turns,
@@ -194,9 +199,21 @@ def new_session(msg: Start, base_step: int, d: Delivery) -> Session:
     sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
     params = dict(msg.responses_create_params)
     s = Session(
-        session_id=sid, run_id=msg.run_id, task_index=msg.task_index, rollout_index=msg.rollout_index,
-        attempt=msg.attempt, agent=msg.agent, env=msg.env, model=msg.model, step=base_step, base_step=base_step,
-        phase="model", params={}, meta=msg.meta, options=msg.options, timings=Timings(submitted_at=d.published_at),
+        session_id=sid,
+        run_id=msg.run_id,
+        task_index=msg.task_index,
+        rollout_index=msg.rollout_index,
+        attempt=msg.attempt,
+        agent=msg.agent,
+        env=msg.env,
+        model=msg.model,
+        step=base_step,
+        base_step=base_step,
+        phase="model",
+        params={},
+        meta=msg.meta,
+        options=msg.options,
+        timings=Timings(submitted_at=d.published_at),
         headers=d.headers,
     )
     s.items = input_items(params)
@@ -335,7 +352,7 @@ async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) ->
     task = env.task(s)
     async with deadline(s):
         try:
-            verdict = await env.verify(task, Rollout(output=s.items[s.n_input:], state=s.env_state))
+            verdict = await env.verify(task, Rollout(output=s.items[s.n_input :], state=s.env_state))
         except GymError:
             raise
         except Exception as exc:
@@ -344,7 +361,11 @@ async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) ->
             s.timings.verify_s += time.perf_counter() - started
     if not isinstance(verdict, Verdict):
         verdict = Verdict(verdict)  # type: ignore[arg-type]
-    if isinstance(verdict.reward, bool) or not isinstance(verdict.reward, (int, float)) or not math.isfinite(verdict.reward):
+    if (
+        isinstance(verdict.reward, bool)
+        or not isinstance(verdict.reward, (int, float))
+        or not math.isfinite(verdict.reward)
+    ):
         raise VerifierError(f"verifier of {env.name!r} returned reward {verdict.reward!r}, not a finite number")
     s.result = build_result(s, reward=float(verdict.reward), verifier=verdict.info)
     s.phase = "done"
@@ -422,15 +443,28 @@ def new_session_or_stub(msg: Start, d: Delivery, base: int = 0) -> Session:
     except GymError:
         sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
         return Session(
-            session_id=sid, run_id=msg.run_id, task_index=msg.task_index, rollout_index=msg.rollout_index,
-            attempt=msg.attempt, agent=msg.agent, env=msg.env, model=msg.model, step=base, base_step=base,
-            phase="model", params={}, meta=msg.meta, options=msg.options, timings=Timings(submitted_at=d.published_at),
+            session_id=sid,
+            run_id=msg.run_id,
+            task_index=msg.task_index,
+            rollout_index=msg.rollout_index,
+            attempt=msg.attempt,
+            agent=msg.agent,
+            env=msg.env,
+            model=msg.model,
+            step=base,
+            base_step=base,
+            phase="model",
+            params={},
+            meta=msg.meta,
+            options=msg.options,
+            timings=Timings(submitted_at=d.published_at),
             headers=d.headers,
         )
 
 
-async def publish_orphan_failure(js: JetStreamContext, sid: str, kind: FailureKind, reason: str,
-                                 ids: tuple[str, int, int, int] | None = None) -> None:
+async def publish_orphan_failure(
+    js: JetStreamContext, sid: str, kind: FailureKind, reason: str, ids: tuple[str, int, int, int] | None = None
+) -> None:
     """A failed Result for a rollout with no session to attach it to (bad message, lost session)."""
     if ids is None:
         try:
@@ -440,9 +474,16 @@ async def publish_orphan_failure(js: JetStreamContext, sid: str, kind: FailureKi
             return
         ids = (run_id, task, rollout, 0)
     run_id, task, rollout, attempt = ids
-    result = Result(session_id=session_id(run_id, task, rollout), run_id=run_id, task_index=task,
-                    rollout_index=rollout, attempt=attempt, failure_kind=kind, failure_reason=reason,
-                    timings=_finished(Timings()))
+    result = Result(
+        session_id=session_id(run_id, task, rollout),
+        run_id=run_id,
+        task_index=task,
+        rollout_index=rollout,
+        attempt=attempt,
+        failure_kind=kind,
+        failure_reason=reason,
+        timings=_finished(Timings()),
+    )
     await publish(js, topology.result_subject(run_id), result, f"{result.session_id}:failed:{attempt}")
 
 

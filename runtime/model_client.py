@@ -34,8 +34,18 @@ log = logging.getLogger("gymbus.model")
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
 """Sent when the task does not say, so the server's generation config never silently applies."""
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_output_tokens", "seed", "stop",
-                  "frequency_penalty", "presence_penalty", "repetition_penalty")
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_output_tokens",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 SESSION_HEADER = "X-Gymbus-Session"
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "max_model_len")
 
@@ -153,7 +163,7 @@ class ModelClient:
                 with attempt:
                     url = entry.endpoints[next(self._rr) % len(entry.endpoints)]
                     items_out, usage, finish = await self._call(url, entry.api, body, session.session_id)
-        except (_Retryable, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, _Retryable, aiohttp.ClientError) as exc:
             raise ModelError(f"{self.attempts} attempts failed, last: {_describe(exc)}") from exc
         return ModelOutput(items_out, Usage(**usage), sampling, finish_reason=finish)
 
@@ -168,8 +178,10 @@ class ModelClient:
                 usage = resp.get("usage") or {}
                 return (
                     list(resp.get("output") or []),
-                    {"input_tokens": int(usage.get("input_tokens") or 0),
-                     "output_tokens": int(usage.get("output_tokens") or 0)},
+                    {
+                        "input_tokens": int(usage.get("input_tokens") or 0),
+                        "output_tokens": int(usage.get("output_tokens") or 0),
+                    },
                     resp.get("status"),
                 )
             except _Unsupported:

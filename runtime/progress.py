@@ -28,10 +28,16 @@ class RunProgress:
         self._last_line = 0.0
         self.live = self.console.is_terminal and not os.environ.get("CI")
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=self.console, disable=quiet or not self.live,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=quiet or not self.live,
         )
         self._task = self._progress.add_task(f"run {run_id}", total=total, rate="", stats="")
 
@@ -57,8 +63,11 @@ class RunProgress:
             final = self.done == self.total and self._last_line != float("inf")
             if now - self._last_line >= 5 or final:
                 self._last_line = float("inf") if final else now
-                print(f"[{self.run_id}] {self.done}/{self.total} rollouts · {rate} · {self.stats()}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[{self.run_id}] {self.done}/{self.total} rollouts · {rate} · {self.stats()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def __enter__(self) -> RunProgress:
         self._progress.start()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
 import jsonschema
 import msgspec
 
-from broker.schemas import FunctionCall, Options, Session, Turn, Usage
+from broker.schemas import FunctionCall, Options, Session, Usage
 from runtime.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def _schema(name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any
         tp = hints.get(p.name, Any)
         fields.append((p.name, tp) if p.default is inspect.Parameter.empty else (p.name, tp, p.default))
     struct = msgspec.defstruct(name, fields, kw_only=True)
-    (schema,), defs = msgspec.json.schema_components([struct])
+    _, defs = msgspec.json.schema_components([struct])
     body = defs.pop(struct.__name__)
     body.pop("title", None)
     if defs:
@@ -271,8 +271,11 @@ class AgentContext:
 def function_calls(items: list[dict[str, Any]]) -> list[FunctionCall]:
     """The ``function_call`` items among ``items``, as wire FunctionCalls."""
     return [
-        FunctionCall(call_id=str(i.get("call_id") or i.get("id") or ""), name=str(i.get("name", "")),
-                     arguments=str(i.get("arguments", "")))
+        FunctionCall(
+            call_id=str(i.get("call_id") or i.get("id") or ""),
+            name=str(i.get("name", "")),
+            arguments=str(i.get("arguments", "")),
+        )
         for i in items
         if i.get("type") == "function_call"
     ]

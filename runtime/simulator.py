@@ -114,7 +114,9 @@ class Simulator:
         digest = hashlib.sha256(f"{self.config.seed}|{prompt}|{rollout}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64
 
-    async def decide(self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str) -> dict[str, Any]:
+    async def decide(
+        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str
+    ) -> dict[str, Any]:
         """What the 'model' says: {'tool': (name, args)} or {'text': ...}."""
         self.calls += 1
         if self.config.latency_ms:
@@ -143,17 +145,38 @@ class Simulator:
         said = await self.decide(items, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
         if "tool" in said:
             name, args = said["tool"]
-            output = [{"type": "function_call", "id": f"fc_{self.calls}", "call_id": self._call_id(), "name": name,
-                       "arguments": json.dumps(args), "status": "completed"}]
+            output = [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{self.calls}",
+                    "call_id": self._call_id(),
+                    "name": name,
+                    "arguments": json.dumps(args),
+                    "status": "completed",
+                }
+            ]
         else:
-            output = [{"type": "message", "id": f"msg_{self.calls}", "role": "assistant", "status": "completed",
-                       "content": [{"type": "output_text", "text": said["text"], "annotations": []}]}]
+            output = [
+                {
+                    "type": "message",
+                    "id": f"msg_{self.calls}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": said["text"], "annotations": []}],
+                }
+            ]
         n_in = len(json.dumps(items)) // 4
-        return JSONResponse({
-            "id": f"resp_{self.calls}", "object": "response", "created_at": int(time.time()), "status": "completed",
-            "model": body.get("model", self.config.model), "output": output,
-            "usage": {"input_tokens": n_in, "output_tokens": 12, "total_tokens": n_in + 12},
-        })
+        return JSONResponse(
+            {
+                "id": f"resp_{self.calls}",
+                "object": "response",
+                "created_at": int(time.time()),
+                "status": "completed",
+                "model": body.get("model", self.config.model),
+                "output": output,
+                "usage": {"input_tokens": n_in, "output_tokens": 12, "total_tokens": n_in + 12},
+            }
+        )
 
     async def chat(self, request: Request) -> JSONResponse:
         body = await request.json()
@@ -161,33 +184,52 @@ class Simulator:
         said = await self.decide(messages, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
         if "tool" in said:
             name, args = said["tool"]
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": self._call_id(), "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": self._call_id(),
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
+                ],
+            }
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": said["text"]}, "stop"
         n_in = len(json.dumps(messages)) // 4
-        return JSONResponse({
-            "id": f"chatcmpl-{self.calls}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", self.config.model),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": n_in, "completion_tokens": 12, "total_tokens": n_in + 12},
-        })
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{self.calls}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", self.config.model),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": n_in, "completion_tokens": 12, "total_tokens": n_in + 12},
+            }
+        )
 
     async def models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.config.model, "object": "model", "owned_by": "gymbus-simulated-policy"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": self.config.model, "object": "model", "owned_by": "gymbus-simulated-policy"}],
+            }
+        )
 
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "simulated": True})
 
     def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/v1/responses", self.responses, methods=["POST"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/models", self.models),
-            Route("/health", self.health),
-        ])
+        return Starlette(
+            routes=[
+                Route("/v1/responses", self.responses, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/models", self.models),
+                Route("/health", self.health),
+            ]
+        )
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -204,8 +246,10 @@ def _server(app: Starlette) -> uvicorn.Server:
 
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
-    return (f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
-            f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}")
+    return (
+        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
+        f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}"
+    )
 
 
 def run(sim: Simulator, host: str = "127.0.0.1", port: int = 0) -> None:

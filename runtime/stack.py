@@ -34,10 +34,14 @@ class Process:
         self.name = name
         self.cmd = cmd
         self.log_path = log_dir / f"{name}.log"
-        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log: IO[bytes] = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE if name.startswith("policy") else self._log, stderr=self._log,
-            env={**os.environ, **(env or {})}, start_new_session=True, preexec_fn=die_with_parent,
+            cmd,
+            stdout=subprocess.PIPE if name.startswith("policy") else self._log,
+            stderr=self._log,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
 
     def read_ready_line(self, timeout: float = 60.0) -> dict[str, object]:
@@ -96,17 +100,36 @@ class LocalStack:
         return self.broker.url
 
     def start_simulator(self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str) -> str:
-        proc = Process("policy-simulated", gymbus_command(
-            "simulate", "--tasks", tasks, "--accuracy", str(accuracy), "--latency-ms", str(latency_ms),
-            "--seed", str(seed), "--model", model, "--port", "0"), self.log_dir)
+        proc = Process(
+            "policy-simulated",
+            gymbus_command(
+                "simulate",
+                "--tasks",
+                tasks,
+                "--accuracy",
+                str(accuracy),
+                "--latency-ms",
+                str(latency_ms),
+                "--seed",
+                str(seed),
+                "--model",
+                model,
+                "--port",
+                "0",
+            ),
+            self.log_dir,
+        )
         self.procs.append(proc)
         self.model_url = str(proc.read_ready_line()["url"])
         return self.model_url
 
     def start_worker(self, ref: str, replica: int, *, concurrency: int) -> Process:
         name = ref.split(":")[0].rsplit(".", 1)[-1]
-        proc = Process(f"worker-{name}-{replica}", gymbus_command(
-            "worker", ref, "--nats", self.nats_url, "--concurrency", str(concurrency)), self.log_dir)
+        proc = Process(
+            f"worker-{name}-{replica}",
+            gymbus_command("worker", ref, "--nats", self.nats_url, "--concurrency", str(concurrency)),
+            self.log_dir,
+        )
         self.procs.append(proc)
         return proc
 
@@ -115,7 +138,7 @@ class LocalStack:
         return [p.name for p in self.procs if not p.alive()]
 
     def stop(self) -> None:
-        """Workers first (they drain in-flight work, which may still call the model), then the policy, then the broker."""
+        """Workers first (draining in-flight work may still call the model), then the policy, then the broker."""
         workers = [p for p in self.procs if p.name.startswith("worker-")]
         for p in workers:
             p.signal(signal.SIGTERM)

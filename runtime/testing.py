@@ -95,24 +95,44 @@ class Harness:
         self._workers.clear()
 
     @staticmethod
-    def start(row: dict[str, Any], *, run_id: str = "test", task_index: int = 0, rollout_index: int = 0,
-              agent: str = "simple_agent", env: str = "math", attempt: int = 0, **options: Any) -> Start:
+    def start(
+        row: dict[str, Any],
+        *,
+        run_id: str = "test",
+        task_index: int = 0,
+        rollout_index: int = 0,
+        agent: str = "simple_agent",
+        env: str = "math",
+        attempt: int = 0,
+        **options: Any,
+    ) -> Start:
         """A Start for a NeMo Gym-shaped task row."""
         return Start(
-            run_id=run_id, task_index=task_index, rollout_index=rollout_index, attempt=attempt, agent=agent,
-            env=env, responses_create_params=row["responses_create_params"],
-            meta={k: v for k, v in row.items() if k != "responses_create_params"}, options=Options(**options),
+            run_id=run_id,
+            task_index=task_index,
+            rollout_index=rollout_index,
+            attempt=attempt,
+            agent=agent,
+            env=env,
+            responses_create_params=row["responses_create_params"],
+            meta={k: v for k, v in row.items() if k != "responses_create_params"},
+            options=Options(**options),
         )
 
     async def submit(self, msg: Start | bytes, subject: str | None = None, msg_id: str | None = None) -> None:
         """Publish a Start (or raw bytes, to test bad input) as a client would."""
         if isinstance(msg, Start):
             sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
-            await publish(self.js, subject or topology.agent_subject(msg.agent), msg,
-                          msg_id or f"{sid}:start:{msg.attempt}")
+            await publish(
+                self.js, subject or topology.agent_subject(msg.agent), msg, msg_id or f"{sid}:start:{msg.attempt}"
+            )
         else:
-            await publish_raw(self.js, subject or topology.agent_subject("simple_agent"), msg,
-                              {"Nats-Msg-Id": msg_id or f"raw-{next(_ids)}"})
+            await publish_raw(
+                self.js,
+                subject or topology.agent_subject("simple_agent"),
+                msg,
+                {"Nats-Msg-Id": msg_id or f"raw-{next(_ids)}"},
+            )
 
     async def send(self, subject: str, msg: Msg, msg_id: str) -> None:
         await publish(self.js, subject, msg, msg_id)

@@ -82,11 +82,13 @@ def items_to_messages(items: list[dict[str, Any]], instructions: str | None = No
                 messages.append(msg)
         elif kind == "function_call_output":
             output = item.get("output", "")
-            messages.append({
-                "role": "tool",
-                "tool_call_id": item.get("call_id"),
-                "content": output if isinstance(output, str) else json.dumps(output),
-            })
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else json.dumps(output),
+                }
+            )
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             pending_reasoning = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
@@ -114,8 +116,20 @@ def request_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
-_RESPONSES_ONLY = {"input", "instructions", "tools", "max_output_tokens", "store", "previous_response_id",
-                   "reasoning", "text", "include", "truncation", "metadata", "background"}
+_RESPONSES_ONLY = {
+    "input",
+    "instructions",
+    "tools",
+    "max_output_tokens",
+    "store",
+    "previous_response_id",
+    "reasoning",
+    "text",
+    "include",
+    "truncation",
+    "metadata",
+    "background",
+}
 
 
 def chat_to_output(resp: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, int], str | None]:
@@ -127,24 +141,31 @@ def chat_to_output(resp: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str
     if reasoning:
         items.append({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": reasoning}]})
     if message.get("content"):
-        items.append({
-            "type": "message",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
-        })
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
-        items.append({
-            "type": "function_call",
-            "call_id": call.get("id"),
-            "name": fn.get("name"),
-            "arguments": fn.get("arguments", ""),
-            "status": "completed",
-        })
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call.get("id"),
+                "name": fn.get("name"),
+                "arguments": fn.get("arguments", ""),
+                "status": "completed",
+            }
+        )
     usage = resp.get("usage") or {}
     return (
         items,
-        {"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)},
+        {
+            "input_tokens": int(usage.get("prompt_tokens") or 0),
+            "output_tokens": int(usage.get("completion_tokens") or 0),
+        },
         choice.get("finish_reason"),
     )

@@ -44,7 +44,7 @@ from runtime import handlers
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.handlers import Delivery, Runtime
 from runtime.model_client import Endpoints, ModelClient
-from runtime.sdk import Agent, Environment, Function
+from runtime.sdk import Agent, Function
 
 log = logging.getLogger("gymbus.worker")
 
@@ -122,7 +122,11 @@ class Worker:
                 psub = await js.pull_subscribe_bind(consumer=durable, stream=topology.WORK_STREAM)
                 loops.append(asyncio.create_task(self._loop(rt, psub, role, _Slots(self.concurrency))))
             self.ready.set()
-            log.info("worker %s serving %s", self.name, [topology.subject(r, self.name) for r in self.roles or roles_of(self.function)])
+            log.info(
+                "worker %s serving %s",
+                self.name,
+                [topology.subject(r, self.name) for r in self.roles or roles_of(self.function)],
+            )
             await self._stopping.wait()
             await asyncio.gather(*loops, return_exceptions=True)
             await self._drain()
@@ -150,11 +154,21 @@ class Worker:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    async def _process(self, rt: Runtime, m: NatsMsg, role: Role, decode: Callable[[bytes], Any],
-                       handle: handlers.Handler, slots: _Slots) -> None:
+    async def _process(
+        self,
+        rt: Runtime,
+        m: NatsMsg,
+        role: Role,
+        decode: Callable[[bytes], Any],
+        handle: handlers.Handler,
+        slots: _Slots,
+    ) -> None:
         md = m.metadata
-        d = Delivery(published_at=md.timestamp.timestamp(), num_delivered=md.num_delivered,
-                     headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")})
+        d = Delivery(
+            published_at=md.timestamp.timestamp(),
+            num_delivered=md.num_delivered,
+            headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")},
+        )
         beat = asyncio.create_task(self._heartbeat(m))
         self.stats["in_flight"] += 1
         try:
@@ -193,8 +207,18 @@ class Worker:
             except Exception as exc:
                 log.debug("in_progress failed: %s", exc)
 
-    async def _retry_or_fail(self, rt: Runtime, m: NatsMsg, role: Role, msg: Msg, kind: FailureKind, reason: str,
-                             d: Delivery, retry: bool, delay: float | None = None) -> None:
+    async def _retry_or_fail(
+        self,
+        rt: Runtime,
+        m: NatsMsg,
+        role: Role,
+        msg: Msg,
+        kind: FailureKind,
+        reason: str,
+        d: Delivery,
+        retry: bool,
+        delay: float | None = None,
+    ) -> None:
         if retry and d.num_delivered < self.limits.max_deliver:
             self.stats["retried"] += 1
             await m.nak(delay=delay if delay is not None else backoff(d.num_delivered))
@@ -219,19 +243,30 @@ class Worker:
         self.stats["failed:invalid_input"] += 1
         await m.term()
 
-    async def _dead_letter(self, rt: Runtime, m: NatsMsg, role: Role, kind: FailureKind, error: str, d: Delivery,
-                           sid: str | None) -> None:
+    async def _dead_letter(
+        self, rt: Runtime, m: NatsMsg, role: Role, kind: FailureKind, error: str, d: Delivery, sid: str | None
+    ) -> None:
         try:
             payload, encoding = m.data.decode(), "utf-8"
         except UnicodeDecodeError:
             payload, encoding = base64.b64encode(m.data).decode(), "base64"
         seq = m.metadata.sequence.stream
         letter = DeadLetter(
-            function=self.name, subject=m.subject, stream_seq=seq, num_delivered=d.num_delivered,
-            failure_kind=kind, error=error, session_id=sid, payload=payload, payload_encoding=encoding,  # type: ignore[arg-type]
-            headers=dict(m.headers or {}), dead_at=time.time(),
+            function=self.name,
+            subject=m.subject,
+            stream_seq=seq,
+            num_delivered=d.num_delivered,
+            failure_kind=kind,
+            error=error,
+            session_id=sid,
+            payload=payload,
+            payload_encoding=encoding,  # type: ignore[arg-type]
+            headers=dict(m.headers or {}),
+            dead_at=time.time(),
         )
-        await publish_raw(rt.js, topology.dead_subject(self.name), encoder.encode(letter), {"Nats-Msg-Id": f"dead:{seq}"})
+        await publish_raw(
+            rt.js, topology.dead_subject(self.name), encoder.encode(letter), {"Nats-Msg-Id": f"dead:{seq}"}
+        )
 
     async def _drain(self) -> None:
         if not self._tasks:

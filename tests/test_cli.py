@@ -18,11 +18,14 @@ def test_top_level_help_lists_commands() -> None:
     assert "configs/quickstart.yaml" in result.output
 
 
-@pytest.mark.parametrize("command,phrase", [
-    ("collect", "--run-id"),
-    ("worker", "gym.agent.<name>"),
-    ("simulate", "not a model"),
-])
+@pytest.mark.parametrize(
+    "command,phrase",
+    [
+        ("collect", "--run-id"),
+        ("worker", "gym.agent.<name>"),
+        ("simulate", "not a model"),
+    ],
+)
 def test_command_help(command: str, phrase: str) -> None:
     result = runner.invoke(app, [command, "--help"], terminal_width=200)
     assert result.exit_code == 0

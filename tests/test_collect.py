@@ -23,9 +23,15 @@ from runtime.config import load_config
 
 def write_config(tmp_path: Path, **extra: object) -> Path:
     cfg = {
-        "input": str(MATH_TASKS), "agent": "simple_agent", "env": "math", "repeats": 2, "limit": 6,
-        "output": str(tmp_path / "runs"), "model": {"simulate": {"accuracy": 0.5, "latency_ms": 5, "seed": 1}},
-        "limits": {"max_steps": 4}, **extra,
+        "input": str(MATH_TASKS),
+        "agent": "simple_agent",
+        "env": "math",
+        "repeats": 2,
+        "limit": 6,
+        "output": str(tmp_path / "runs"),
+        "model": {"simulate": {"accuracy": 0.5, "latency_ms": 5, "seed": 1}},
+        "limits": {"max_steps": 4},
+        **extra,
     }
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML
@@ -84,13 +90,18 @@ async def test_collect_writes_run_folder_and_resumes(tmp_path: Path) -> None:
 async def test_bad_rows_fail_alone_and_the_run_finishes(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     good = MATH_TASKS.read_text().splitlines()[:2]
-    tasks.write_text("\n".join([
-        good[0],
-        "{this is not json",
-        json.dumps({"responses_create_params": {"input": {"role": "user"}}, "expected_answer": "1"}),
-        json.dumps({"responses_create_params": {"input": "What is 1+1?"}, "expected_answer": {"nested": 1}}),
-        good[1],
-    ]) + "\n")
+    tasks.write_text(
+        "\n".join(
+            [
+                good[0],
+                "{this is not json",
+                json.dumps({"responses_create_params": {"input": {"role": "user"}}, "expected_answer": "1"}),
+                json.dumps({"responses_create_params": {"input": "What is 1+1?"}, "expected_answer": {"nested": 1}}),
+                good[1],
+            ]
+        )
+        + "\n"
+    )
     cfg = load_config(write_config(tmp_path, input=str(tasks), limit=None, repeats=1))
     summary = await collect(cfg, run_id="bad1", quiet=True)
     by_task = {r.task_index: r for r in summary.results.values()}
@@ -106,9 +117,13 @@ async def test_bad_rows_fail_alone_and_the_run_finishes(tmp_path: Path) -> None:
 
 def test_interrupted_collect_resumes_without_duplicates(tmp_path: Path) -> None:
     """SIGINT mid-run, then the same command: every rollout ends as exactly one Result."""
-    config = write_config(tmp_path, limit=8, repeats=4,
-                          model={"simulate": {"accuracy": 0.5, "latency_ms": 150, "seed": 1}},
-                          workers={"concurrency": 4})
+    config = write_config(
+        tmp_path,
+        limit=8,
+        repeats=4,
+        model={"simulate": {"accuracy": 0.5, "latency_ms": 150, "seed": 1}},
+        workers={"concurrency": 4},
+    )
     cmd = [sys.executable, "-m", "runtime", "collect", str(config), "--run-id", "int1"]
     env = {**os.environ, "CI": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -132,14 +147,18 @@ def test_interrupted_collect_resumes_without_duplicates(tmp_path: Path) -> None:
     assert len(asyncio.run(results_in_stream(run_dir, "int1"))) == 32
 
 
-@pytest.mark.parametrize("bad,message", [
-    ({"repeats": 0}, "Expected `int` >= 1 - at `$.repeats`"),
-    ({"limits": {"max_step": 3}}, "unknown field `max_step` - at `$.limits`"),
-    ({"input": "nope.jsonl"}, "input file 'nope.jsonl' does not exist"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"repeats": 0}, "Expected `int` >= 1 - at `$.repeats`"),
+        ({"limits": {"max_step": 3}}, "unknown field `max_step` - at `$.limits`"),
+        ({"input": "nope.jsonl"}, "input file 'nope.jsonl' does not exist"),
+    ],
+)
 def test_collect_rejects_bad_config_naming_the_key(tmp_path: Path, bad: dict, message: str) -> None:
     config = write_config(tmp_path, **bad)
-    done = subprocess.run([sys.executable, "-m", "runtime", "collect", str(config)], cwd=tmp_path,
-                          capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "collect", str(config)], cwd=tmp_path, capture_output=True, timeout=60
+    )
     assert done.returncode == 2
     assert message in " ".join(done.stderr.decode().split())

@@ -17,8 +17,13 @@ from runtime.testing import Harness
 
 def spawn(function: str, url: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GYMBUS_ACK_WAIT_S": "2", "GYMBUS_MAX_DELIVER": "20"}
-    return subprocess.Popen([sys.executable, "-m", "runtime", "worker", function, "--nats", url],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime", "worker", function, "--nats", url],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def test_sigkilled_workers_lose_no_rollout(harness: Harness, math_rows: list[dict]) -> None:

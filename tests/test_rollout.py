@@ -16,10 +16,23 @@ async def test_full_rollout_with_tool_call(harness: Harness, math_rows: list[dic
     await harness.worker("simple_agent")
     await harness.worker("math")
     row = math_rows[0]
-    tools = [{"type": "function", "name": "calculator", "description": "calc",
-              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}]
-    await harness.submit(harness.start(
-        {**row, "responses_create_params": {**row["responses_create_params"], "tools": tools}}, run_id="r1"))
+    tools = [
+        {
+            "type": "function",
+            "name": "calculator",
+            "description": "calc",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        }
+    ]
+    await harness.submit(
+        harness.start(
+            {**row, "responses_create_params": {**row["responses_create_params"], "tools": tools}}, run_id="r1"
+        )
+    )
     [result] = await harness.results("r1", 1)
 
     assert result.reward == 1.0 and result.failure_kind is None
@@ -57,8 +70,7 @@ async def test_chat_completions_only_endpoint(harness: Harness, math_rows: list[
     await harness.worker("simple_agent")
     await harness.worker("math")
     row = math_rows[2]
-    row = {**row, "responses_create_params": {**row["responses_create_params"],
-                                              "tools": [harness_tool_spec()]}}
+    row = {**row, "responses_create_params": {**row["responses_create_params"], "tools": [harness_tool_spec()]}}
     await harness.submit(harness.start(row, run_id="r3"))
     [result] = await harness.results("r3", 1)
     assert result.reward == 1.0, result
@@ -75,8 +87,10 @@ def harness_tool_spec() -> dict:
 async def test_redelivered_tools_message_commits_one_step(harness: Harness, math_rows: list[dict]) -> None:
     """A Tools message delivered twice commits one step and emits one Resume (DESIGN invariant 2)."""
     await harness.simulate(MATH_TASKS, accuracy=1.0)
-    row = {**math_rows[0], "responses_create_params": {**math_rows[0]["responses_create_params"],
-                                                       "tools": [harness_tool_spec()]}}
+    row = {
+        **math_rows[0],
+        "responses_create_params": {**math_rows[0]["responses_create_params"], "tools": [harness_tool_spec()]},
+    }
     agent = await harness.worker("simple_agent")
     await harness.submit(harness.start(row, run_id="r4"))
     tool_subject = topology.tool_subject("math")
@@ -105,7 +119,7 @@ async def test_redelivered_tools_message_commits_one_step(harness: Harness, math
     assert msgspec.json.decode(resumes[0].data)["step"] == 2
     session = await harness.session(tools.session_id)
     assert session is not None and session.step == 2 and session.phase == "model"
-    assert [i["type"] for i in session.items[session.n_input:]] == ["function_call", "function_call_output"]
+    assert [i["type"] for i in session.items[session.n_input :]] == ["function_call", "function_call_output"]
 
 
 async def test_duplicate_starts_yield_one_result(harness: Harness, math_rows: list[dict]) -> None:
@@ -131,7 +145,8 @@ async def test_malformed_task_fails_with_its_field(harness: Harness, math_rows: 
     good = harness.start(math_rows[0], run_id="r6", task_index=0)
     bad_input = msgspec.structs.replace(good, task_index=1, responses_create_params={"input": 5})
     bad_options = encoder.encode(msgspec.structs.replace(good, task_index=2)).replace(
-        b'"kind":"start"', b'"kind":"start","options":{"max_steps":"many"}', 1)
+        b'"kind":"start"', b'"kind":"start","options":{"max_steps":"many"}', 1
+    )
     bad_meta = msgspec.structs.replace(good, task_index=3, meta={"expected_answer": ["not", "a", "number"]})
     for msg in (good, bad_input, bad_options, bad_meta):
         await harness.submit(msg)
@@ -153,8 +168,10 @@ async def test_max_steps_bounds_the_tool_loop(harness: Harness, math_rows: list[
     await harness.simulate(MATH_TASKS, accuracy=1.0)
     await harness.worker("simple_agent")
     await harness.worker("math")
-    row = {**math_rows[0], "responses_create_params": {**math_rows[0]["responses_create_params"],
-                                                       "tools": [harness_tool_spec()]}}
+    row = {
+        **math_rows[0],
+        "responses_create_params": {**math_rows[0]["responses_create_params"], "tools": [harness_tool_spec()]},
+    }
     await harness.submit(harness.start(row, run_id="r7", max_steps=1))
     [result] = await harness.results("r7", 1)
     assert [i["type"] for i in result.output] == ["function_call"]
@@ -168,12 +185,24 @@ async def test_model_mistakes_in_tool_calls_go_back_to_the_model(harness: Harnes
     from runtime.sdk import load
 
     env = load("math")
-    session = Session(session_id="x.0.0", run_id="x", task_index=0, agent="a", env="math", model="m", step=1,
-                      phase="tools", params={}, meta={"expected_answer": "1"})
-    calls = [FunctionCall(call_id="1", name="search", arguments="{}"),
-             FunctionCall(call_id="2", name="calculator", arguments="{not json"),
-             FunctionCall(call_id="3", name="calculator", arguments='{"expression": 7}'),
-             FunctionCall(call_id="4", name="calculator", arguments='{"expression": "6*7"}')]
+    session = Session(
+        session_id="x.0.0",
+        run_id="x",
+        task_index=0,
+        agent="a",
+        env="math",
+        model="m",
+        step=1,
+        phase="tools",
+        params={},
+        meta={"expected_answer": "1"},
+    )
+    calls = [
+        FunctionCall(call_id="1", name="search", arguments="{}"),
+        FunctionCall(call_id="2", name="calculator", arguments="{not json"),
+        FunctionCall(call_id="3", name="calculator", arguments='{"expression": 7}'),
+        FunctionCall(call_id="4", name="calculator", arguments='{"expression": "6*7"}'),
+    ]
     outputs = [o["output"] for o in await run_tools(env, session, calls)]  # type: ignore[arg-type]
     assert "unknown tool 'search'" in outputs[0]
     assert "not valid JSON" in outputs[1]

@@ -11,8 +11,9 @@ from runtime.testing import Harness
 
 
 def reply(text: str) -> Rollout:
-    return Rollout(output=[{"type": "message", "role": "assistant",
-                            "content": [{"type": "output_text", "text": text}]}], state={})
+    return Rollout(
+        output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={}
+    )
 
 
 def task(answer: str) -> Task[Meta]:
@@ -29,13 +30,16 @@ async def test_verifier_accepts_every_gold_answer(math_rows: list[dict]) -> None
         assert right.info["extracted_answer"] == gold
 
 
-@pytest.mark.parametrize("text,expected,reward", [
-    ("\\boxed{0.75}", "3/4", 1.0),
-    ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
-    ("first 12, then 138", "138", 1.0),  # no box: the last number
-    ("no number here", "1", 0.0),
-    ("", "1", 0.0),
-])
+@pytest.mark.parametrize(
+    "text,expected,reward",
+    [
+        ("\\boxed{0.75}", "3/4", 1.0),
+        ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
+        ("first 12, then 138", "138", 1.0),  # no box: the last number
+        ("no number here", "1", 0.0),
+        ("", "1", 0.0),
+    ],
+)
 async def test_answer_forms(text: str, expected: str, reward: float) -> None:
     assert (await ENVIRONMENT.verify(task(expected), reply(text))).reward == reward
 

@@ -4,20 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.schemas import Options, Session
+from broker.schemas import Options, Session, Usage
 from functions.simple_agent.agent import step
 from runtime.model_client import ModelOutput
 from runtime.sdk import AgentContext, CallTools, Finish
-from broker.schemas import Usage
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": '{"expression": "1+1"}'}
 ANSWER = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "\\boxed{2}"}]}
 
 
 def session(max_steps: int = 4) -> Session:
-    return Session(session_id="r.0.0", run_id="r", task_index=0, agent="simple_agent", env="math", model="m",
-                   step=1, phase="model", params={"tools": []}, options=Options(max_steps=max_steps),
-                   items=[{"type": "message", "role": "user", "content": "1+1?"}], n_input=1)
+    return Session(
+        session_id="r.0.0",
+        run_id="r",
+        task_index=0,
+        agent="simple_agent",
+        env="math",
+        model="m",
+        step=1,
+        phase="model",
+        params={"tools": []},
+        options=Options(max_steps=max_steps),
+        items=[{"type": "message", "role": "user", "content": "1+1?"}],
+        n_input=1,
+    )
 
 
 def scripted(*outputs: dict[str, Any]) -> Any:
