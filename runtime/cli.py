@@ -171,6 +171,11 @@ def simulate(
     latency_ms: Annotated[float, typer.Option("--latency-ms", help="Delay before every answer.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model: Annotated[str, typer.Option("--model", help="Model name it reports.")] = "policy",
+    reasoning: Annotated[
+        str, typer.Option("--reasoning", help="Think first: none, tags (<think> in the text) or field (parsed).")
+    ] = "none",
+    fail_status: Annotated[int, typer.Option("--fail-status", help="FAULT: answer every call with this status.")] = 0,
+    hang: Annotated[bool, typer.Option("--hang", help="FAULT: never answer a call.")] = False,
 ) -> None:
     """Serve the SIMULATED policy: an OpenAI-compatible server that is not a model.
 
@@ -184,7 +189,18 @@ def simulate(
     missing = [str(t) for t in tasks if not t.is_file()]
     if missing:
         raise _fail(f"--tasks file {missing[0]!r} does not exist")
-    sim = Simulator(load_answer_key(tasks), SimConfig(accuracy=accuracy, latency_ms=latency_ms, seed=seed, model=model))
+    if reasoning not in ("none", "tags", "field"):
+        raise _fail(f"--reasoning {reasoning!r}: choose none, tags or field")
+    config = SimConfig(
+        accuracy=accuracy,
+        latency_ms=latency_ms,
+        seed=seed,
+        model=model,
+        reasoning=reasoning,  # type: ignore[arg-type]
+        fail_status=fail_status,
+        hang=hang,
+    )
+    sim = Simulator(load_answer_key(tasks), config)
     run(sim, host, port)
 
 

@@ -60,6 +60,8 @@ class SimConfig:
     """Answer every generation request with this HTTP status (0: never)."""
     hang: bool = False
     """Never answer a generation request (a stuck replica)."""
+    max_prompt_tokens: int = 0
+    """Reject a longer prompt (in its toy tokens) with vLLM's 400 context-length error (0: no limit)."""
 
 
 THOUGHT = "Let me work through this step by step."
@@ -149,8 +151,13 @@ class Simulator:
     record: bool = False
     """Keep every answer body sent (``sent``), for tests that compare bytes."""
     sent: list[bytes] = field(default_factory=list)
+    received: list[bytes] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+    """The ``X-Gymbus-Session`` of every call answered (when recording)."""
 
-    async def _fault(self) -> Response | None:
+    async def _fault(self, request: Request) -> Response | None:
+        if self.record:
+            self.received.append(await request.body())
         if self.config.hang:
             await asyncio.Event().wait()
         if self.config.fail_status:
@@ -181,6 +188,8 @@ class Simulator:
     ) -> dict[str, Any]:
         """What the 'model' says: {'tool': (name, args)} or {'text': ...}."""
         self.calls += 1
+        if self.record:
+            self.sessions.append(session)
         if self.config.latency_ms:
             await asyncio.sleep(self.config.latency_ms / 1000)
         prompt = prompt_text(items)
@@ -202,7 +211,7 @@ class Simulator:
         return f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
-        fault = await self._fault()
+        fault = await self._fault(request)
         if fault is not None:
             return fault
         body = await request.json()
@@ -256,12 +265,20 @@ class Simulator:
         )
 
     async def chat(self, request: Request) -> Response:
-        fault = await self._fault()
+        fault = await self._fault(request)
         if fault is not None:
             return fault
         body = await request.json()
         messages = body.get("messages", [])
         session = request.headers.get(SESSION_HEADER, "")
+        prompt = render(messages)
+        limit = self.config.max_prompt_tokens
+        if limit and len(toy_tokens(prompt)) > limit:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(toy_tokens(prompt))} tokens in the messages. Please reduce the length of the messages."
+            )
+            return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
         said = await self.decide(messages, body.get("tools") or [], session)
         if "tool" in said:
             name, args = said["tool"]
@@ -283,7 +300,6 @@ class Simulator:
             message["content"] = f"<think>{THOUGHT}</think>{message['content'] or ''}"
         elif self.config.reasoning == "field":
             message["reasoning"] = THOUGHT
-        prompt = render(messages)
         generated = toy_tokens((message.get("reasoning") or "") + turn_text(message))
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
         answer: dict[str, Any] = {
@@ -352,9 +368,10 @@ def _server(app: Starlette) -> uvicorn.Server:
 
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
+    faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
     return (
         f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
-        f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}"
+        f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}, reasoning={c.reasoning}{faults}"
     )
 
 
