@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -341,7 +342,7 @@ class Simulator:
         )
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "simulated": True, "calls": self.calls})
+        return JSONResponse({"status": "ok", "simulated": True, "calls": self.calls, "pid": os.getpid()})
 
     def app(self) -> Starlette:
         return Starlette(

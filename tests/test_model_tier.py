@@ -121,8 +121,8 @@ async def test_failing_or_hanging_replica_ends_as_model_error(harness: Harness, 
     a failing one takes the retried calls, and those rollouts succeed."""
     with ExitStack() as stack:
         [(broken, broken_url)] = replicas(stack, 1, fail_status=500)
-        [(stuck, stuck_url)] = replicas(stack, 1, hang=True)
-        [(good, good_url)] = replicas(stack, 1, accuracy=1.0)
+        [(_, stuck_url)] = replicas(stack, 1, hang=True)
+        [(_, good_url)] = replicas(stack, 1, accuracy=1.0)
         await register(harness.js, "broken", [broken_url], attempts=3)
         await register(harness.js, "stuck", [stuck_url], attempts=2, timeout_s=0.5)
         await register(harness.js, "mixed", [broken_url, good_url], attempts=3)
@@ -178,9 +178,10 @@ async def test_token_ids_match_the_server_byte_for_byte(harness: Harness, math_r
         assert turn["generation_log_probs"] == [c["logprob"] for c in choice["logprobs"]["content"]]
         for lp in turn["generation_log_probs"]:  # the same decimal text, not just a close float
             assert f'"logprob": {json.dumps(lp)}'.encode() in raw
-        assert msgspec.json.encode(turn["generation_log_probs"]) == json.dumps(
-            [c["logprob"] for c in choice["logprobs"]["content"]], separators=(",", ":")
-        ).encode()
+        assert (
+            msgspec.json.encode(turn["generation_log_probs"])
+            == json.dumps([c["logprob"] for c in choice["logprobs"]["content"]], separators=(",", ":")).encode()
+        )
     last_items = [result.output[0], result.output[2]]  # the function_call, then the final message
     assert [i["generation_token_ids"] for i in last_items] == [t.generation_token_ids for t in result.turns]
     second_request = sim.received[1].decode()

@@ -172,7 +172,7 @@ ANSWERS = {
     ),
     "answer_think_tags_server_mode_untouched": (
         "server",
-        {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "<think>x</think>42"}}]},
+        {"choices": [{"index": 0, "message": {"role": "assistant", "content": "<think>x</think>42"}}]},
     ),
 }
 
