@@ -164,3 +164,39 @@ async def test_vllm_serve_on_gpu(harness: Harness, tmp_path: Path, math_rows: li
     assert result.turns and result.turns[0].prompt_token_ids and result.turns[0].generation_token_ids
     assert len(result.turns[0].generation_token_ids) == len(result.turns[0].generation_log_probs)
     assert json.loads(msgspec.json.encode(result))["sampling"]["top_k"] == -1
+
+
+def test_vllm_command_and_client_settings_from_the_shipped_config() -> None:
+    from runtime.launcher import client_settings, gpus, load_serve_config, vllm_command
+
+    cfg = load_serve_config(ROOT / "configs" / "model-serve.yaml")
+    cmd = " ".join(vllm_command(cfg))
+    assert cmd.startswith("vllm serve Qwen/Qwen3-0.6B --host {host} --port {port} --served-model-name {name}")
+    for flag in ("--tensor-parallel-size 1", "--generation-config vllm", "--max-model-len 8192"):
+        assert flag in cmd
+    assert "--enable-auto-tool-choice --tool-call-parser hermes" in cmd and "--reasoning-parser" not in cmd
+    settings = client_settings(cfg)
+    assert settings["api"] == "chat" and settings["reasoning"] == "think_tags"  # one layer: gymbus parses
+    assert settings["sampling"] == {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    assert gpus(cfg) == 1
+    with_parser = msgspec.structs.replace(cfg, vllm=msgspec.structs.replace(cfg.vllm, reasoning_parser="qwen3"))
+    assert client_settings(with_parser)["reasoning"] == "server"  # one layer: vLLM parses
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"vllm": {"model": "m"}, "command": ["x"]}, "exactly one of `vllm`"),
+        ({}, "exactly one of `vllm`"),
+        ({"command": ["x"], "replica": 2}, "unknown field `replica`"),
+        ({"vllm": {"model": "m", "tensor_parallel_size": 0}}, "`$.vllm.tensor_parallel_size`"),
+    ],
+)
+def test_model_serve_rejects_bad_configs(tmp_path: Path, fields: dict, message: str) -> None:
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    result = CliRunner().invoke(app, ["model", "serve", str(serve_config(tmp_path, **fields)), "--nats", "nats://x"])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
