@@ -13,7 +13,7 @@ Choosing a replica for a call (`Pool.lease`):
 - **least in flight**: the preferred replica is taken unless it has ``slack`` more calls in flight
   than the least loaded one, which then takes the call;
 - **healthy first**: a replica that failed (connection error, 5xx, 429, timeout) is taken out and
-  probed back (``GET <url>/models``) with a doubling cool-down; if every replica is out, the least
+  probed back (``GET <url>/models`` answers below 500) with a doubling cool-down; if every replica is out, the least
   recently failed is tried anyway, so health steers and never blocks;
 - **bounded**: at most ``max_in_flight`` calls per replica; more wait for a slot.
 """
@@ -26,7 +26,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -135,7 +135,7 @@ class Pool:
 
     model: str
     entry: ModelEntry = field(default_factory=ModelEntry)
-    slack: int = 2
+    slack: int = 1
     by_url: dict[str, Endpoint] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     _probes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -152,7 +152,7 @@ class Pool:
         self.changed.set()
         log.info("model %s endpoints: %s", self.model, urls or "none")
 
-    def pick(self, session: str, avoid: set[str] = frozenset()) -> Endpoint:  # type: ignore[assignment]
+    def pick(self, session: str, avoid: Collection[str] = ()) -> Endpoint:
         """The replica for this call (see the module docstring)."""
         eps = list(self.by_url.values())
         if not eps:
@@ -164,7 +164,7 @@ class Pool:
         return preferred if preferred.in_flight <= least.in_flight + self.slack else least
 
     @contextlib.asynccontextmanager
-    async def lease(self, session: str, avoid: set[str] = frozenset()) -> AsyncIterator[Endpoint]:  # type: ignore[assignment]
+    async def lease(self, session: str, avoid: Collection[str] = ()) -> AsyncIterator[Endpoint]:
         """Hold a slot on the chosen replica for one HTTP attempt."""
         ep = self.pick(session, avoid)
         ep.in_flight += 1
@@ -219,7 +219,7 @@ class Pool:
             self._http = aiohttp.ClientSession()
         try:
             async with self._http.get(f"{url}/models", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-                return resp.status == 200
+                return resp.status < 500  # any answer but a server error: it is up (401 without a key too)
         except (aiohttp.ClientError, TimeoutError):
             return False
 

@@ -168,6 +168,7 @@ class Replica:
     """The server's root URL of the actor's current incarnation."""
     since: float = 0.0
     healthy: bool = False
+    waiting_said: bool = False
 
 
 class Launcher:
@@ -195,6 +196,10 @@ class Launcher:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, self.stopping.set)
             self.replicas = [self._start(ray, i) for i in range(self.cfg.replicas)]
+            self.say(
+                f"{self.cfg.name}: starting {self.cfg.replicas} replicas ({gpus(self.cfg):g} GPU, "
+                f"{self.cfg.cpus_per_replica:g} CPU each; logs in {self.cfg.log_dir})"
+            )
             async with aiohttp.ClientSession() as http:
                 while not self.stopping.is_set():
                     await asyncio.gather(*(self._check(ray, http, r) for r in self.replicas))
@@ -246,8 +251,11 @@ class Launcher:
     async def _check(self, ray: Any, http: aiohttp.ClientSession, r: Replica) -> None:
         try:
             url, exit_code, _ = await asyncio.wait_for(r.actor.status.remote(), 30)
-        except Exception as exc:  # the actor is (re)starting, or its node is gone
+        except Exception as exc:  # the actor is (re)starting, not scheduled yet, or its node is gone
             self._mark(r, False, f"actor unavailable ({type(exc).__name__})")
+            if not r.waiting_said and time.monotonic() - r.since > 60:
+                r.waiting_said = True
+                self.say(f"{self.cfg.name}: replica {r.index} not running yet; has the Ray cluster its resources?")
             return
         if url != r.url:
             r.url, r.since = url, time.monotonic()
@@ -280,7 +288,7 @@ class Launcher:
         stops = [r.actor.stop.remote() for r in self.replicas]
         for ref in stops:
             try:
-                await asyncio.wait_for(ref, 60)
+                await asyncio.wait_for(ref, 30)
             except Exception as exc:
                 log.warning("a replica did not stop cleanly: %s", exc)
         for r in self.replicas:

@@ -100,7 +100,7 @@ class ModelClient:
     async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput:
         """Call the model once for ``session``'s conversation."""
         pool = await self.endpoints.pool(session.model)
-        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)
+        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # replicas may be (re)starting
         entry = pool.entry
         sampling = {
             **DEFAULT_SAMPLING,
@@ -125,6 +125,7 @@ class ModelClient:
                 on=_RETRIED, attempts=entry.attempts, timeout=None, wait_initial=0.1, wait_max=2.0, wait_jitter=0.5
             ):
                 with attempt:
+                    await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # all may have left since the last try
                     async with pool.lease(sid, tried) as ep:
                         try:
                             out = await self._attempt(ep, entry, body, sid, want_ids)

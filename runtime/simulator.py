@@ -364,7 +364,8 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 def _server(app: Starlette) -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)
 
 
 def banner(sim: Simulator, url: str) -> str:
