@@ -135,7 +135,7 @@ class Pool:
 
     model: str
     entry: ModelEntry = field(default_factory=ModelEntry)
-    slack: int = 1
+    slack: int = 2
     by_url: dict[str, Endpoint] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     _probes: dict[str, asyncio.Task[None]] = field(default_factory=dict)

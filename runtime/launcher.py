@@ -6,7 +6,7 @@ registered in the ``models`` bucket while they are healthy.
     data parallel = more replicas; every healthy replica's URL is in the model's KV entry
 
 The command is ``vllm serve <model> …`` built from the ``vllm:`` section, or any OpenAI-compatible
-server given as ``command:`` (with ``{host}``, ``{port}``, ``{name}`` placeholders) - the tests run
+server given as ``command:`` (with ``{host}``, ``{port}``, ``{name}``, ``{python}`` placeholders) - the tests run
 the simulated policy that way, on a local CPU Ray cluster. Every ``check_interval_s`` the launcher
 asks each replica's health endpoint: a healthy replica is registered, an unhealthy one is removed
 from the entry, a replica whose server exited is restarted (Ray restarts its actor), and on SIGTERM
@@ -84,7 +84,8 @@ class ServeConfig(Strict):
     replicas: Annotated[int, Meta(ge=1)] = 1
     vllm: VllmConfig | None = None
     command: list[str] | None = None
-    """Any OpenAI-compatible server instead of vLLM; ``{host}``, ``{port}``, ``{name}`` are filled in."""
+    """Any OpenAI-compatible server instead of vLLM; ``{host}``, ``{port}``, ``{name}`` and ``{python}``
+    (the replica's interpreter) are filled in."""
     gpus_per_replica: Annotated[float, Meta(ge=0)] | None = None
     """Default: tensor_parallel_size x pipeline_parallel_size for vLLM, 0 for a command."""
     cpus_per_replica: Annotated[float, Meta(ge=0)] = 1.0

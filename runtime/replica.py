@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from broker.server import die_with_parent
@@ -24,7 +25,8 @@ def free_port(host: str) -> int:
 
 
 def fill(command: list[str], **values: str) -> list[str]:
-    """``{port}``, ``{host}``, ``{name}`` placeholders in a command, replaced literally (JSON stays intact)."""
+    """``{port}``, ``{host}``, ``{name}``, ``{python}`` placeholders in a command, replaced literally
+    (so JSON arguments stay intact)."""
     out = []
     for arg in command:
         for key, value in values.items():
@@ -40,7 +42,7 @@ class ReplicaServer:
         self.index = index
         self.port = free_port(host)
         self.host = host
-        cmd = fill(command, port=str(self.port), host=host, name=name)
+        cmd = fill(command, port=str(self.port), host=host, name=name, python=sys.executable)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_path = str(Path(log_dir) / f"replica-{index}.log")
         with open(self.log_path, "ab") as log:

@@ -48,7 +48,7 @@ async def test_load_spreads_evenly_and_rollouts_stick(harness: Harness, math_row
     """3 replicas, 96 two-turn rollouts through two agent workers: each replica serves within 20% of
     the mean, and most rollouts' turns go to one replica (rendezvous hash, no shared state)."""
     with ExitStack() as stack:
-        reps = replicas(stack, 3, accuracy=1.0, latency_ms=30)
+        reps = replicas(stack, 3, accuracy=1.0, latency_ms=400)
         await register(harness.js, "policy", [url for _, url in reps])
         await harness.worker("simple_agent", concurrency=32)
         await harness.worker("simple_agent", concurrency=32)
