@@ -160,13 +160,16 @@ async def test_context_length_ends_the_rollout_with_its_kind(harness: Harness, m
 
 async def test_token_ids_match_the_server_byte_for_byte(harness: Harness, math_rows: list[dict]) -> None:
     """With return_token_ids, a two-turn rollout's Result carries each turn's prompt ids, generated ids
-    and logprobs exactly as the server sent them; the ids never go back to the server."""
+    and logprobs exactly as the server sent them; the ids never go back to the server; chat template
+    kwargs and every sampling parameter are sent."""
     with ExitStack() as stack:
         [(sim, url)] = replicas(stack, 1, accuracy=1.0)
         await register(harness.js, "policy", [url])  # api auto: token ids still go to Chat Completions
         await harness.worker("simple_agent")
         await harness.worker("math")
-        await harness.submit(harness.start(with_tools(math_rows[0]), run_id="ids", return_token_ids=True))
+        options = {"return_token_ids": True, "chat_template_kwargs": {"enable_thinking": False}}
+        start = harness.start(with_tools(math_rows[0]), run_id="ids", **options)
+        await harness.submit(start)
         [result] = await harness.results("ids", 1)
 
     assert result.reward == 1.0 and len(result.turns) == 2 == len(sim.sent)
@@ -187,7 +190,10 @@ async def test_token_ids_match_the_server_byte_for_byte(harness: Harness, math_r
     assert [i["generation_token_ids"] for i in last_items] == [t.generation_token_ids for t in result.turns]
     second_request = sim.received[1].decode()
     assert "generation_token_ids" not in second_request and "prompt_token_ids" not in second_request
-    assert json.loads(sim.received[0])["return_token_ids"] is True
+    first = json.loads(sim.received[0])
+    assert first["return_token_ids"] is True and first["chat_template_kwargs"] == {"enable_thinking": False}
+    assert first["temperature"] == 1.0 and first["top_p"] == 1.0
+    assert result.sampling == {"temperature": 1.0, "top_p": 1.0}
 
 
 @pytest.mark.parametrize(
