@@ -149,6 +149,8 @@ class Simulator:
     key: dict[str, str]
     config: SimConfig = field(default_factory=SimConfig)
     calls: int = 0
+    in_flight: int = 0
+    """Calls waiting out their latency right now."""
     record: bool = False
     """Keep every answer body sent (``sent``), for tests that compare bytes."""
     sent: list[bytes] = field(default_factory=list)
@@ -192,7 +194,11 @@ class Simulator:
         if self.record:
             self.sessions.append(session)
         if self.config.latency_ms:
-            await asyncio.sleep(self.config.latency_ms / 1000)
+            self.in_flight += 1
+            try:
+                await asyncio.sleep(self.config.latency_ms / 1000)
+            finally:
+                self.in_flight -= 1
         prompt = prompt_text(items)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
@@ -342,7 +348,8 @@ class Simulator:
         )
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "simulated": True, "calls": self.calls, "pid": os.getpid()})
+        stats = {"calls": self.calls, "in_flight": self.in_flight, "pid": os.getpid()}
+        return JSONResponse({"status": "ok", "simulated": True, **stats})
 
     def app(self) -> Starlette:
         return Starlette(

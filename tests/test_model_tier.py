@@ -87,11 +87,12 @@ async def test_killed_replica_is_taken_out_and_no_rollout_fails(
     procs = [spawn_replica(tmp_path, f"r{i}", "--latency-ms", "300") for i in range(3)]
     try:
         await register(harness.js, "policy", [url for _, url in procs], attempts=4)
-        await harness.worker("simple_agent")
+        await harness.worker("simple_agent", concurrency=8)  # rollouts in waves: the run outlasts the kill
         await harness.worker("math")
         await submit_all(harness, math_rows, "kill", 60)
         victim, victim_url = procs[0]
         await until_results(harness, "kill", 10)
+        await until_busy(victim_url)
         victim.signal(signal.SIGKILL)
         results = await harness.results("kill", 60, timeout=90)
     finally:
@@ -104,6 +105,19 @@ async def test_killed_replica_is_taken_out_and_no_rollout_fails(
     assert any(victim_url in m for m in taken_out), taken_out
     lost_mid_call = [m for m in taken_out if victim_url in m and "Disconnected" in m]
     assert lost_mid_call, f"no call was in flight on the victim when it died: {taken_out}"
+
+
+async def until_busy(url: str) -> None:
+    """Wait until the replica has calls in flight (its /health says so)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            async with http.get(url.removesuffix("/v1") + "/health") as resp:
+                if (await resp.json())["in_flight"] > 0:
+                    return
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"{url} never had a call in flight")
 
 
 async def until_results(harness: Harness, run_id: str, n: int) -> None:
