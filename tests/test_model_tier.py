@@ -92,7 +92,7 @@ async def test_killed_replica_is_taken_out_and_no_rollout_fails(
         await submit_all(harness, math_rows, "kill", 60)
         victim, victim_url = procs[0]
         await until_results(harness, "kill", 10)
-        await until_busy(victim_url)
+        busy = await until_busy(victim_url)
         victim.signal(signal.SIGKILL)
         results = await harness.results("kill", 60, timeout=90)
     finally:
@@ -105,17 +105,19 @@ async def test_killed_replica_is_taken_out_and_no_rollout_fails(
     assert any(victim_url in m for m in taken_out), taken_out
     lost_mid_call = [m for m in taken_out if victim_url in m and "Disconnected" in m]
     assert lost_mid_call, f"no call was in flight on the victim when it died: {taken_out}"
+    print(f"killed with {busy} calls in flight; {taken_out}")
 
 
-async def until_busy(url: str) -> None:
-    """Wait until the replica has calls in flight (its /health says so)."""
+async def until_busy(url: str) -> int:
+    """Wait until the replica has calls in flight (its /health says so); returns how many."""
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
         for _ in range(600):
             async with http.get(url.removesuffix("/v1") + "/health") as resp:
-                if (await resp.json())["in_flight"] > 0:
-                    return
+                busy = (await resp.json())["in_flight"]
+                if busy > 0:
+                    return busy
             await asyncio.sleep(0.01)
     raise AssertionError(f"{url} never had a call in flight")
 
