@@ -171,6 +171,11 @@ def simulate(
     latency_ms: Annotated[float, typer.Option("--latency-ms", help="Delay before every answer.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model: Annotated[str, typer.Option("--model", help="Model name it reports.")] = "policy",
+    reasoning: Annotated[
+        str, typer.Option("--reasoning", help="Think first: none, tags (<think> in the text) or field (parsed).")
+    ] = "none",
+    fail_status: Annotated[int, typer.Option("--fail-status", help="FAULT: answer every call with this status.")] = 0,
+    hang: Annotated[bool, typer.Option("--hang", help="FAULT: never answer a call.")] = False,
 ) -> None:
     """Serve the SIMULATED policy: an OpenAI-compatible server that is not a model.
 
@@ -184,8 +189,62 @@ def simulate(
     missing = [str(t) for t in tasks if not t.is_file()]
     if missing:
         raise _fail(f"--tasks file {missing[0]!r} does not exist")
-    sim = Simulator(load_answer_key(tasks), SimConfig(accuracy=accuracy, latency_ms=latency_ms, seed=seed, model=model))
+    if reasoning not in ("none", "tags", "field"):
+        raise _fail(f"--reasoning {reasoning!r}: choose none, tags or field")
+    config = SimConfig(
+        accuracy=accuracy,
+        latency_ms=latency_ms,
+        seed=seed,
+        model=model,
+        reasoning=reasoning,  # type: ignore[arg-type]
+        fail_status=fail_status,
+        hang=hang,
+    )
+    sim = Simulator(load_answer_key(tasks), config)
     run(sim, host, port)
+
+
+model_app = typer.Typer(
+    help="The model tier: serve a policy model on Ray and keep it registered in the models bucket.",
+    no_args_is_help=True,
+)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("serve")
+def model_serve(
+    config: Annotated[Path, typer.Argument(help="Model deployment YAML, e.g. configs/model-serve.yaml.")],
+    nats: NatsOpt = None,
+    replicas: Annotated[int | None, typer.Option("--replicas", help="Replicas (overrides the config).")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Existing Ray cluster; default: start a local one.")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Start N replicas of vLLM (or any OpenAI-compatible server command) as Ray actors, register the
+    healthy ones in the models bucket, follow restarts and deaths, and deregister on SIGTERM/SIGINT.
+
+    Workers started without --model-url find the replicas there, live, under the config's `name`.
+    """
+    from runtime.config import ConfigError
+    from runtime.launcher import Launcher, load_serve_config
+
+    _logging(verbose)
+    try:
+        cfg = load_serve_config(config, replicas=replicas, ray_address=ray_address, nats=nats)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    if not cfg.nats:
+        raise _fail("no broker: give --nats URL, set GYMBUS_NATS_URL, or `nats:` in the config")
+
+    async def serve_model() -> None:
+        say = lambda line: console.print(line, markup=False, soft_wrap=True)  # noqa: E731
+        await Launcher(cfg, cfg.nats or "", say=say, handle_signals=True).run()
+
+    try:
+        asyncio.run(serve_model())
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
 
 
 def main() -> None:

@@ -300,7 +300,9 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         else:
             await _check_functions(js, cfg)
         if model_urls:
-            await register(js, cfg.model.name, [u.strip() for u in model_urls.split(",")], cfg.model.api)
+            m = cfg.model
+            urls = [u.strip() for u in model_urls.split(",")]
+            await register(js, m.name, urls, m.api, reasoning=m.reasoning, timeout_s=m.timeout_s, attempts=m.attempts)
 
         runs_kv = await js.key_value(topology.RUNS)
         fresh = await _manifest(runs_kv, run_id, len(expected)) is None

@@ -32,6 +32,12 @@ class ModelConfig(Strict):
     base_url: str | None = None
     """OpenAI-compatible base URL(s), comma-separated (e.g. http://localhost:8000/v1). None: simulate."""
     api: Literal["auto", "responses", "chat"] = "auto"
+    reasoning: Literal["server", "think_tags"] = "server"
+    """The one layer that parses reasoning: the server's `reasoning` field, or <think> tags in gymbus."""
+    timeout_s: Annotated[float, Meta(gt=0)] = 300.0
+    """Budget of one model HTTP attempt."""
+    attempts: Annotated[int, Meta(ge=1)] = 4
+    """Attempts per model call before the rollout fails with model_error."""
     simulate: SimulateConfig = msgspec.field(default_factory=SimulateConfig)
 
 

@@ -1,40 +1,42 @@
 """The policy-model client: OpenAI-compatible HTTP over aiohttp.
 
-It speaks the Responses API (``/v1/responses``) and falls back to Chat Completions when an
-endpoint has only that (probed once per endpoint). Every sampling parameter is sent explicitly and
-recorded. Connection errors, 5xx and 429 are retried with jittered backoff inside a per-call
-budget; when the budget is spent the rollout fails with ``model_error`` (one retry layer only:
-the message is not redelivered for it). Endpoints of a model come from the ``models`` KV bucket
-(written by ``gymbus collect`` or the model tier) or from a static URL.
+One call is one agent turn. It picks a replica (`runtime.endpoints.Pool`: sticky per session,
+least in flight, healthy first), sends the conversation as a Responses request, or as Chat
+Completions where the replica has no ``/responses`` (probed once per replica) or where token ids
+are wanted (vLLM returns them on Chat Completions), and translates the answer back to Responses
+items (`runtime.translate`). Every sampling parameter is sent explicitly and recorded.
+
+Failures: connection errors, 5xx, 429, invalid answers and timeouts are retried with jittered
+backoff (stamina), on another replica when there is one, up to the deployment's ``attempts``;
+then the rollout fails with ``model_error`` naming each attempt. A rejected prompt that is too
+long fails with ``context_length``. This is the only retry layer: the worker does not redeliver
+a message for a model error.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import stamina
-from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from broker import topology
 from broker.schemas import Session, Turn, Usage
-from runtime import translate
+from runtime import tokens, translate
+from runtime.endpoints import Endpoint, Endpoints, ModelEntry, Pool, deregister, model_key, register
 from runtime.errors import ContextLength, ModelError
+
+__all__ = ["Endpoints", "ModelClient", "ModelEntry", "ModelOutput", "deregister", "model_key", "register"]
 
 log = logging.getLogger("gymbus.model")
 
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
-"""Sent when the task does not say, so the server's generation config never silently applies."""
+"""Sent when neither the task nor the deployment says, so the server's generation config never applies."""
 
-_SAMPLING_KEYS = (
+SAMPLING_KEYS = (
     "temperature",
     "top_p",
     "top_k",
@@ -48,6 +50,8 @@ _SAMPLING_KEYS = (
 )
 SESSION_HEADER = "X-Gymbus-Session"
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "max_model_len")
+NO_ENDPOINT_WAIT_S = 30.0
+"""How long a call waits for a model with no live endpoints (replicas restarting) before failing."""
 
 
 @dataclass
@@ -62,63 +66,14 @@ class ModelOutput:
 
 
 class _Retryable(Exception):
-    """An HTTP answer worth another try (5xx, 429)."""
+    """An answer worth another try (5xx, 429, a body that is not JSON)."""
 
 
 class _Unsupported(Exception):
-    """The endpoint does not serve this API (404/405): fall back to Chat Completions."""
+    """The replica does not serve this route (404/405): fall back to Chat Completions."""
 
 
-@dataclass
-class ModelEntry:
-    """The ``models`` KV value of one model."""
-
-    endpoints: list[str]
-    api: str = "auto"
-
-
-class Endpoints:
-    """Where a model is served: a static URL, else the ``models`` bucket (re-read every few seconds)."""
-
-    def __init__(self, js: JetStreamContext | None = None, static: str | None = None, refresh_s: float = 2.0) -> None:
-        self._js = js
-        self._static = [u.strip() for u in static.split(",")] if static else None
-        self._cache: dict[str, tuple[float, ModelEntry]] = {}
-        self._refresh_s = refresh_s
-
-    async def get(self, model: str) -> ModelEntry:
-        if self._static:
-            return ModelEntry(self._static)
-        cached = self._cache.get(model)
-        if cached and time.monotonic() - cached[0] < self._refresh_s:
-            return cached[1]
-        entry = await self._read(model)
-        self._cache[model] = (time.monotonic(), entry)
-        return entry
-
-    async def _read(self, model: str) -> ModelEntry:
-        if self._js is None:
-            raise ModelError(f"no endpoint for model {model!r}: give --model-url or register it in the models bucket")
-        try:
-            kv = await self._js.key_value(topology.MODELS)
-            raw = json.loads((await kv.get(model_key(model))).value or b"{}")
-        except (KeyNotFoundError, NotFoundError) as exc:
-            raise ModelError(f"model {model!r} has no endpoints in the models bucket") from exc
-        endpoints = [str(u) for u in raw.get("endpoints", [])]
-        if not endpoints:
-            raise ModelError(f"model {model!r} has no live endpoints in the models bucket")
-        return ModelEntry(endpoints, str(raw.get("api", "auto")))
-
-
-def model_key(model: str) -> str:
-    """KV key of a model name (KV keys allow ``[-/_=.a-zA-Z0-9]``)."""
-    return "".join(c if c.isalnum() or c in "-/_=." else "_" for c in model)
-
-
-async def register(js: JetStreamContext, model: str, endpoints: list[str], api: str = "auto") -> None:
-    """Publish a model's endpoints to the ``models`` bucket."""
-    kv = await js.key_value(topology.MODELS)
-    await kv.put(model_key(model), json.dumps({"endpoints": endpoints, "api": api}).encode())
+_RETRIED = (_Retryable, aiohttp.ClientError, TimeoutError)
 
 
 @dataclass
@@ -126,14 +81,11 @@ class ModelClient:
     """Calls the policy for agent steps; one per worker process, shared by all its in-flight messages."""
 
     endpoints: Endpoints
-    timeout_s: float = 120.0
-    attempts: int = 4
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY"))
     _session: aiohttp.ClientSession | None = None
-    _api: dict[str, str] = field(default_factory=dict)
-    _rr: itertools.count = field(default_factory=itertools.count)
 
     async def close(self) -> None:
+        await self.endpoints.close()
         if self._session is not None:
             await self._session.close()
 
@@ -147,68 +99,108 @@ class ModelClient:
 
     async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput:
         """Call the model once for ``session``'s conversation."""
-        entry = await self.endpoints.get(session.model)
-        sampling = {**DEFAULT_SAMPLING, **{k: params[k] for k in _SAMPLING_KEYS if k in params}}
+        pool = await self.endpoints.pool(session.model)
+        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # replicas may be (re)starting
+        entry = pool.entry
+        sampling = {
+            **DEFAULT_SAMPLING,
+            **entry.sampling,
+            **{k: params[k] for k in SAMPLING_KEYS if k in params},
+        }
         body = {**params, **sampling, "model": params.get("model") or session.model, "input": items, "store": False}
         if session.options.chat_template_kwargs:
             body["chat_template_kwargs"] = session.options.chat_template_kwargs
+        want_ids = session.options.return_token_ids
+        if want_ids and entry.api == "responses":
+            raise ModelError(f"model {session.model!r}: token ids need Chat Completions, but its api is 'responses'")
+        items_out, usage, finish, turn = await self._with_retries(pool, body, session.session_id, want_ids)
+        return ModelOutput(items_out, usage, sampling, turn, finish)
+
+    async def _with_retries(
+        self, pool: Pool, body: dict[str, Any], sid: str, want_ids: bool
+    ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+        entry, tried, errors = pool.entry, set[str](), list[str]()
         try:
             async for attempt in stamina.retry_context(
-                on=(_Retryable, aiohttp.ClientConnectionError, asyncio.TimeoutError),
-                attempts=self.attempts,
-                timeout=None,
-                wait_initial=0.2,
-                wait_max=5.0,
+                on=_RETRIED, attempts=entry.attempts, timeout=None, wait_initial=0.1, wait_max=2.0, wait_jitter=0.5
             ):
                 with attempt:
-                    url = entry.endpoints[next(self._rr) % len(entry.endpoints)]
-                    items_out, usage, finish = await self._call(url, entry.api, body, session.session_id)
-        except (TimeoutError, _Retryable, aiohttp.ClientError) as exc:
-            raise ModelError(f"{self.attempts} attempts failed, last: {_describe(exc)}") from exc
-        return ModelOutput(items_out, Usage(**usage), sampling, finish_reason=finish)
+                    await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # all may have left since the last try
+                    async with pool.lease(sid, tried) as ep:
+                        try:
+                            out = await self._attempt(ep, entry, body, sid, want_ids)
+                        except _RETRIED as exc:
+                            reason = _describe(exc, entry.timeout_s)
+                            errors.append(f"{ep.url}: {reason}")
+                            tried.add(ep.url)
+                            pool.failed(ep, reason)
+                            raise
+                    pool.succeeded(ep)
+                    return out
+        except _RETRIED:
+            pass
+        raise ModelError(f"model {pool.model!r}: {len(errors)} attempts failed: " + "; ".join(errors))
 
-    async def _call(
-        self, url: str, api: str, body: dict[str, Any], sid: str
-    ) -> tuple[list[dict[str, Any]], dict[str, int], Any]:
-        api = self._api.get(url, api)
-        if api in ("auto", "responses"):
-            try:
-                resp = await self._post(f"{url.rstrip('/')}/responses", body, sid)
-                self._api[url] = "responses"
-                usage = resp.get("usage") or {}
-                return (
-                    list(resp.get("output") or []),
-                    {
-                        "input_tokens": int(usage.get("input_tokens") or 0),
-                        "output_tokens": int(usage.get("output_tokens") or 0),
-                    },
-                    resp.get("status"),
-                )
-            except _Unsupported:
-                if api == "responses":
-                    raise ModelError(f"{url} does not serve /responses") from None
-                log.info("model endpoint %s has no /responses; using /chat/completions", url)
-                self._api[url] = "chat"
-        resp = await self._post(f"{url.rstrip('/')}/chat/completions", translate.request_to_chat(body), sid)
-        return translate.chat_to_output(resp)
+    async def _attempt(
+        self, ep: Endpoint, entry: ModelEntry, body: dict[str, Any], sid: str, want_ids: bool
+    ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+        api = "chat" if want_ids else (ep.api or entry.api)
+        try:
+            if api in ("auto", "responses"):
+                try:
+                    resp = await self._post(ep.url, "/responses", _responses_body(body), sid, entry.timeout_s)
+                except _Unsupported:
+                    if api == "responses":
+                        raise ModelError(f"{ep.url} does not serve /responses (api: responses)") from None
+                    log.info("model endpoint %s has no /responses; using /chat/completions", ep.url)
+                    ep.api = "chat"
+                else:
+                    ep.api = "responses"
+                    return _finish(translate.responses_output(resp, entry.reasoning), None)
+            chat_body = translate.request_to_chat(body, entry.reasoning)
+            if want_ids:
+                chat_body.update(tokens.REQUEST_FIELDS)
+            resp = await self._post(ep.url, "/chat/completions", chat_body, sid, entry.timeout_s)
+            reply = translate.chat_to_output(resp, entry.reasoning)
+            return _finish(reply, tokens.turn_from_chat(resp) if want_ids else None)
+        except translate.ReasoningConflict as exc:
+            raise ModelError(f"{ep.url}: {exc}") from exc
 
-    async def _post(self, url: str, body: dict[str, Any], sid: str) -> dict[str, Any]:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+    async def _post(self, url: str, route: str, body: dict[str, Any], sid: str, timeout_s: float) -> dict[str, Any]:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
         headers = {SESSION_HEADER: sid}  # lets servers and routers keep a rollout on one replica
-        async with self._http().post(url, json=body, timeout=timeout, headers=headers) as resp:
+        async with self._http().post(f"{url}{route}", json=body, timeout=timeout, headers=headers) as resp:
             text = await resp.text()
             if resp.status == 200:
-                return json.loads(text)
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    raise _Retryable(f"HTTP 200 with a body that is not JSON: {text[:200]!r}") from None
             if resp.status in (404, 405):
                 raise _Unsupported(url)
             if resp.status == 429 or resp.status >= 500:
-                raise _Retryable(f"HTTP {resp.status} from {url}: {text[:200]}")
+                raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
             if any(m in text.lower() for m in _CONTEXT_MARKERS):
-                raise ContextLength(f"HTTP {resp.status} from {url}: {text[:300]}")
-            raise ModelError(f"HTTP {resp.status} from {url}: {text[:300]}")
+                raise ContextLength(f"HTTP {resp.status} from {url}{route}: {text[:300]}")
+            raise ModelError(f"HTTP {resp.status} from {url}{route}: {text[:300]}")
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
+def _responses_body(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "input": translate.strip_training(body["input"])}
+
+
+def _finish(reply: translate.Reply, turn: Turn | None) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+    if turn is not None:
+        tokens.attach(reply.items, turn)
+    usage = Usage(
+        input_tokens=int(reply.usage.get("input_tokens") or 0), output_tokens=int(reply.usage.get("output_tokens") or 0)
+    )
+    return reply.items, usage, reply.finish_reason, turn
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {timeout_s:g} s"
+    if isinstance(exc, _Retryable):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"

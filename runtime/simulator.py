@@ -6,6 +6,17 @@ output is in the conversation yet, it calls the first tool first. It never sees 
 fields through the request: only the answer key it was started with. Its draws depend on the seed,
 the prompt and the rollout index (header ``X-Gymbus-Session``), so two runs with the same seed agree.
 Used for the quickstart, demos, capacity planning, benchmarks, and as the tests' model double.
+
+What it imitates of vLLM, so the client's paths are exercised over real HTTP:
+
+- token ids: a Chat Completions request with ``return_token_ids`` gets ``prompt_token_ids`` and the
+  choice's ``token_ids``; with ``logprobs`` each generated token comes back with a log-probability,
+  as ``"token_id:<id>"`` under ``return_tokens_as_token_ids``. Its "tokenizer" is one token per byte
+  of a plain rendering of the conversation, and its logprobs are seeded draws: not a model's;
+- reasoning (``reasoning``): ``tags`` writes ``<think>…</think>`` into the text (a server without a
+  reasoning parser), ``field`` returns it parsed, as vLLM's ``reasoning`` field / a reasoning item;
+- faults: ``fail_status`` answers every generation request with that HTTP status, ``hang`` never
+  answers one (for retry-budget and timeout tests).
 """
 
 from __future__ import annotations
@@ -14,18 +25,19 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 log = logging.getLogger("gymbus.simulator")
@@ -43,6 +55,35 @@ class SimConfig:
     tool_first: bool = True
     """Call a tool first when the request offers tools."""
     model: str = "policy"
+    reasoning: Literal["none", "tags", "field"] = "none"
+    """Think before answering: in ``<think>`` tags in the text, or as a parsed ``reasoning`` field."""
+    fail_status: int = 0
+    """Answer every generation request with this HTTP status (0: never)."""
+    hang: bool = False
+    """Never answer a generation request (a stuck replica)."""
+    max_prompt_tokens: int = 0
+    """Reject a longer prompt (in its toy tokens) with vLLM's 400 context-length error (0: no limit)."""
+
+
+THOUGHT = "Let me work through this step by step."
+TOKEN_OFFSET = 100
+"""Token id of byte b is b + TOKEN_OFFSET (ids below are 'special')."""
+
+
+def toy_tokens(text: str) -> list[int]:
+    """The simulator's tokenizer: one id per UTF-8 byte. Not a real tokenizer."""
+    return [b + TOKEN_OFFSET for b in text.encode()]
+
+
+def render(messages: list[dict[str, Any]]) -> str:
+    """A plain chat 'template' for the simulator's prompt token ids."""
+    return "".join(f"<|{m.get('role', 'user')}|>{turn_text(m)}\n" for m in messages) + "<|assistant|>"
+
+
+def turn_text(message: dict[str, Any]) -> str:
+    """What one message 'says' in the simulator's rendering: its text, then its tool calls as JSON."""
+    calls = "".join(json.dumps(c.get("function", c), sort_keys=True) for c in message.get("tool_calls") or [])
+    return f"{message.get('content') or ''}{calls}"
 
 
 def prompt_text(items: str | list[dict[str, Any]]) -> str:
@@ -108,6 +149,37 @@ class Simulator:
     key: dict[str, str]
     config: SimConfig = field(default_factory=SimConfig)
     calls: int = 0
+    in_flight: int = 0
+    """Calls waiting out their latency right now."""
+    record: bool = False
+    """Keep every answer body sent (``sent``), for tests that compare bytes."""
+    sent: list[bytes] = field(default_factory=list)
+    received: list[bytes] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+    """The ``X-Gymbus-Session`` of every call answered (when recording)."""
+
+    async def _fault(self, request: Request) -> Response | None:
+        if self.record:
+            self.received.append(await request.body())
+        if self.config.hang:
+            await asyncio.Event().wait()
+        if self.config.fail_status:
+            self.calls += 1
+            return JSONResponse(
+                {"error": {"message": "simulated failure", "code": self.config.fail_status}},
+                status_code=self.config.fail_status,
+            )
+        return None
+
+    def _reply(self, body: dict[str, Any]) -> Response:
+        raw = json.dumps(body).encode()
+        if self.record:
+            self.sent.append(raw)
+        return Response(raw, media_type="application/json")
+
+    def _logprob(self, session: str, prompt: str, i: int) -> float:
+        digest = hashlib.sha256(f"{self.config.seed}|{session}|{prompt}|{i}".encode()).digest()
+        return -3.0 * int.from_bytes(digest[:8], "big") / 2**64
 
     def _draw(self, prompt: str, session: str) -> float:
         rollout = session.rsplit(".", 1)[-1] if session else ""
@@ -119,8 +191,14 @@ class Simulator:
     ) -> dict[str, Any]:
         """What the 'model' says: {'tool': (name, args)} or {'text': ...}."""
         self.calls += 1
+        if self.record:
+            self.sessions.append(session)
         if self.config.latency_ms:
-            await asyncio.sleep(self.config.latency_ms / 1000)
+            self.in_flight += 1
+            try:
+                await asyncio.sleep(self.config.latency_ms / 1000)
+            finally:
+                self.in_flight -= 1
         prompt = prompt_text(items)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
@@ -139,13 +217,27 @@ class Simulator:
     def _call_id(self) -> str:
         return f"call_{self.calls:08d}"
 
-    async def responses(self, request: Request) -> JSONResponse:
+    async def responses(self, request: Request) -> Response:
+        fault = await self._fault(request)
+        if fault is not None:
+            return fault
         body = await request.json()
         items = body.get("input", [])
         said = await self.decide(items, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
+        think = self.config.reasoning
+        output: list[dict[str, Any]] = []
+        if think == "field":
+            output.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{self.calls}",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": THOUGHT}],
+                }
+            )
         if "tool" in said:
             name, args = said["tool"]
-            output = [
+            output += [
                 {
                     "type": "function_call",
                     "id": f"fc_{self.calls}",
@@ -156,17 +248,18 @@ class Simulator:
                 }
             ]
         else:
-            output = [
+            text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
+            output += [
                 {
                     "type": "message",
                     "id": f"msg_{self.calls}",
                     "role": "assistant",
                     "status": "completed",
-                    "content": [{"type": "output_text", "text": said["text"], "annotations": []}],
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
                 }
             ]
         n_in = len(json.dumps(items)) // 4
-        return JSONResponse(
+        return self._reply(
             {
                 "id": f"resp_{self.calls}",
                 "object": "response",
@@ -178,10 +271,22 @@ class Simulator:
             }
         )
 
-    async def chat(self, request: Request) -> JSONResponse:
+    async def chat(self, request: Request) -> Response:
+        fault = await self._fault(request)
+        if fault is not None:
+            return fault
         body = await request.json()
         messages = body.get("messages", [])
-        said = await self.decide(messages, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
+        session = request.headers.get(SESSION_HEADER, "")
+        prompt = render(messages)
+        limit = self.config.max_prompt_tokens
+        if limit and len(toy_tokens(prompt)) > limit:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(toy_tokens(prompt))} tokens in the messages. Please reduce the length of the messages."
+            )
+            return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+        said = await self.decide(messages, body.get("tools") or [], session)
         if "tool" in said:
             name, args = said["tool"]
             message = {
@@ -198,17 +303,41 @@ class Simulator:
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": said["text"]}, "stop"
-        n_in = len(json.dumps(messages)) // 4
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{self.calls}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model", self.config.model),
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": n_in, "completion_tokens": 12, "total_tokens": n_in + 12},
+        if self.config.reasoning == "tags":
+            message["content"] = f"<think>{THOUGHT}</think>{message['content'] or ''}"
+        elif self.config.reasoning == "field":
+            message["reasoning"] = THOUGHT
+        generated = toy_tokens((message.get("reasoning") or "") + turn_text(message))
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        answer: dict[str, Any] = {
+            "id": f"chatcmpl-{self.calls}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.config.model),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(toy_tokens(prompt)),
+                "completion_tokens": len(generated),
+                "total_tokens": len(toy_tokens(prompt)) + len(generated),
+            },
+        }
+        if body.get("return_token_ids"):  # vLLM >= 0.10.2
+            answer["prompt_token_ids"] = toy_tokens(prompt)
+            choice["token_ids"] = generated
+        if body.get("logprobs"):
+            as_ids = body.get("return_tokens_as_token_ids")
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": f"token_id:{t}" if as_ids else chr(t - TOKEN_OFFSET),
+                        "logprob": self._logprob(session, prompt, i),
+                        "bytes": [t - TOKEN_OFFSET],
+                        "top_logprobs": [],
+                    }
+                    for i, t in enumerate(generated)
+                ]
             }
-        )
+        return self._reply(answer)
 
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse(
@@ -219,7 +348,8 @@ class Simulator:
         )
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "simulated": True})
+        stats = {"calls": self.calls, "in_flight": self.in_flight, "pid": os.getpid()}
+        return JSONResponse({"status": "ok", "simulated": True, **stats})
 
     def app(self) -> Starlette:
         return Starlette(
@@ -241,14 +371,16 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 def _server(app: Starlette) -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)
 
 
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
+    faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
     return (
         f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
-        f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}"
+        f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}, reasoning={c.reasoning}{faults}"
     )
 
 
