@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -280,6 +280,7 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
     nc = await connect(nats_url, name=f"gymbus-collect-{run_id}")
     summary = Summary(run_id, run_dir, expected=len(expected), submitted=0)
     feed: ResultsFeed | None = None
+    rows_out: IO[str] | None = None
     try:
         js = nc.jetstream()
         await topology.ensure(js, topology.Limits.from_env())
@@ -324,10 +325,19 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         for r in feed.results.values():
             if (r.task_index, r.rollout_index) in expected:
                 progress.add(r, resumed=True)
-        feed.on_result = lambda r, new: progress.add(r) if new and (r.task_index, r.rollout_index) in expected else None
+        task_by_index = by_index_of(tasks)
+        rows_out = (run_dir / "rollouts.jsonl").open("a")  # rows land as they arrive; rewritten sorted at the end
+
+        def on_result(r: Result, new: bool) -> None:
+            if new and (r.task_index, r.rollout_index) in expected:
+                progress.add(r)
+                rows_out.write(json.dumps(output_row(task_by_index[r.task_index].row, r)) + "\n")
+                rows_out.flush()
+
+        feed.on_result = on_result
 
         with progress:
-            summary.submitted = await _submit(js, cfg, run_id, by_index_of(tasks), attempts, env)
+            summary.submitted = await _submit(js, cfg, run_id, task_by_index, attempts, env)
             await _wait(feed, expected, stack, cfg, progress)
         await feed.stop()
     finally:
@@ -337,6 +347,8 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         await nc.close()
         if stack is not None:
             stack.stop()
+        if rows_out is not None:
+            rows_out.close()
         if feed is not None:  # also when interrupted: the folder shows what was gathered so far
             _write_rows(run_dir / "rollouts.jsonl", tasks, summary.results)
             _finish_metadata(run_dir, summary)
