@@ -78,6 +78,11 @@ def load_compose(env: Mapping[str, str] | None = None, path: Path = COMPOSE_FILE
     return _map_strings(raw, lambda s: interpolate(s, env or {}))
 
 
+def nats_config(path: Path = ROOT / "configs" / "nats-server.conf") -> dict[str, str]:
+    """The ``key: value`` settings of the nats-server config (blocks flattened; enough for the checks)."""
+    return dict(re.findall(r"^\s*(\w+):\s*(\S+)", path.read_text(), flags=re.M))
+
+
 # ---- images ------------------------------------------------------------------------------------
 
 

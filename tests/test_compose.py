@@ -20,7 +20,16 @@ from runtime.config import load_config
 from runtime.sdk import Agent, Environment, load
 from runtime.worker import Worker
 from tests import pending
-from tests.compose_local import COMPOSE_FILE, ROOT, Service, envvars_read_by, load_compose, parse_gymbus, services
+from tests.compose_local import (
+    COMPOSE_FILE,
+    ROOT,
+    Service,
+    envvars_read_by,
+    load_compose,
+    nats_config,
+    parse_gymbus,
+    services,
+)
 
 SERVICES = services()
 GYMBUS = {name: svc for name, svc in SERVICES.items() if svc.runs_gymbus}
@@ -44,11 +53,6 @@ def peers(text: str) -> list[tuple[str, int]]:
 
 def collector_config() -> dict:
     return yaml.safe_load((ROOT / "configs" / "otel-collector.yaml").read_text())
-
-
-def nats_config() -> dict[str, str]:
-    text = (ROOT / "configs" / "nats-server.conf").read_text()
-    return dict(re.findall(r"^\s*(\w+):\s*(\S+)", text, flags=re.M))
 
 
 def default_config_path() -> str:
@@ -259,3 +263,18 @@ def test_tools_profile() -> None:
     assert box.profiles == ["tools"] and box.spec["image"].startswith("natsio/nats-box:")
     assert peers(box.env["NATS_URL"]) == [("nats", 4222)]
     assert SERVICES["submit"].profiles == ["tools"] and SERVICES["submit"].one_shot
+
+
+def test_readme_describes_this_stack() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## `docker compose up`", 1)[1].split("\n## ", 1)[0]
+    listed = {
+        name for row in re.findall(r"^\| (`[^|]+`) \|", section, flags=re.M) for name in re.findall(r"`([^`]+)`", row)
+    }
+    assert listed - {"service"} == {name for name, svc in SERVICES.items() if not svc.profiles}
+    assert SERVICES["nats"].spec["image"] in section
+    for scaled in re.findall(r"--scale (\w+)=", section):
+        assert scaled in WORKERS or scaled == "policy"
+    submit = SERVICES["submit"].argv
+    assert f"run id {submit[submit.index('--run-id') + 1]}" in section
+    assert "gpu" in SERVICES["model"].profiles and "--profile gpu" in section
