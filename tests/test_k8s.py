@@ -64,7 +64,8 @@ def test_workloads_run_real_commands_from_the_compose_images(workload: dict[str,
     parse_gymbus(gymbus_args(c), {**image_env, **env_of(c)})
     built = {svc.spec.get("image") for svc in COMPOSE.values() if svc.image is not None}
     assert c["image"] in built, f"{c['image']} is not an image compose.yaml builds"
-    unknown = {k for k in env_of(c) if k.startswith("GYMBUS_")} - envvars_read_by(gymbus_args(c))
+    limits = {f"GYMBUS_{name.upper()}" for name in topology.Limits.__dataclass_fields__}
+    unknown = {k for k in env_of(c) if k.startswith("GYMBUS_")} - envvars_read_by(gymbus_args(c)) - limits
     assert unknown <= {"GYMBUS_LOG", "GYMBUS_HTTP_PORT", "GYMBUS_MODEL_URL"}, unknown
     pod = workload["spec"]["template"]["spec"]
     image = next(svc.image for svc in COMPOSE.values() if svc.spec.get("image") == c["image"])
@@ -122,6 +123,8 @@ def test_scaled_objects_watch_the_consumers_of_their_deployment(scaled: dict[str
 
 def test_helm_values_match_the_compose_broker() -> None:
     conf, config = nats_config(), VALUES["config"]
+    env = named("ConfigMap", "gymbus-env")["data"]
+    assert int(env["GYMBUS_STREAM_REPLICAS"]) == config["cluster"]["replicas"]  # every stream on every node
     assert (
         config["cluster"]["enabled"] and config["cluster"]["replicas"] % 2 == 1 and config["cluster"]["replicas"] >= 3
     )
