@@ -20,7 +20,8 @@ from broker import topology
 from broker.server import binary
 from conftest import MATH_TASKS
 from runtime.testing import Harness, task_rows
-from tests.compose_local import ROOT, free_port
+from tests.compose_local import free_port
+from tests.compose_spec import ROOT
 
 CONFIGMAP = yaml.safe_load((ROOT / "deploy" / "k8s" / "gymbus" / "10-config.yaml").read_text())["data"]
 REPLICAS = int(CONFIGMAP["GYMBUS_STREAM_REPLICAS"])

@@ -20,16 +20,8 @@ from runtime.config import load_config
 from runtime.sdk import Agent, Environment, load
 from runtime.worker import Worker
 from tests import pending
-from tests.compose_local import (
-    COMPOSE_FILE,
-    ROOT,
-    Service,
-    envvars_read_by,
-    load_compose,
-    nats_config,
-    parse_gymbus,
-    services,
-)
+from tests.compose_spec import COMPOSE_FILE, ROOT, Service, load_compose, nats_config, services
+from tests.gymbus_cli import envvars_read_by, parse_gymbus
 
 SERVICES = services()
 GYMBUS = {name: svc for name, svc in SERVICES.items() if svc.runs_gymbus}

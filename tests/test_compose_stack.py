@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests import pending
-from tests.compose_local import ROOT, LocalStack, services
+from tests.compose_local import LocalStack
+from tests.compose_spec import ROOT, services
 from tests.otlp_receiver import OtlpReceiver
 
 WORKERS = ["simple_agent", "math"]

@@ -15,7 +15,8 @@ from starlette.routing import Route
 
 from runtime.sdk import load
 from runtime.simulator import InThread
-from tests.compose_local import ROOT, Image, free_port, image_of
+from tests.compose_local import free_port
+from tests.compose_spec import ROOT, Image, image_of
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 HEALTHCHECK_SCRIPT = ROOT / "images" / "function" / "healthcheck.py"

@@ -12,7 +12,8 @@ import yaml
 from broker import topology
 from runtime.sdk import load
 from runtime.worker import Worker, roles_of
-from tests.compose_local import ROOT, envvars_read_by, nats_config, parse_gymbus, services
+from tests.compose_spec import ROOT, nats_config, services
+from tests.gymbus_cli import envvars_read_by, parse_gymbus
 
 K8S = ROOT / "deploy" / "k8s"
 KUBERNETES = "1.33.0"
