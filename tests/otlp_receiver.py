@@ -6,12 +6,9 @@ It accepts what any OTLP exporter sends to ``POST /v1/traces`` (protobuf, or JSO
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from dataclasses import dataclass
 
-import uvicorn
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -22,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from runtime.simulator import bind
+from runtime.simulator import InThread
 
 
 @dataclass(frozen=True)
@@ -40,27 +37,19 @@ class OtlpReceiver:
     def __init__(self, port: int = 0) -> None:
         self.spans: list[Span] = []
         self._lock = threading.Lock()
-        self._sock = bind("127.0.0.1", port)
-        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        app = Starlette(routes=[Route("/v1/traces", self._export, methods=["POST"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve([self._sock])), daemon=True)
+        self._server = InThread(Starlette(routes=[Route("/v1/traces", self._export, methods=["POST"])]), port=port)
+        self.endpoint = self._server.url
 
     def services(self) -> set[str]:
         with self._lock:
             return {s.service for s in self.spans}
 
     def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
+        self._server.__exit__()
 
     async def _export(self, request: Request) -> Response:
         body = await request.body()
