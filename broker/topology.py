@@ -89,6 +89,9 @@ class Limits:
     """Duplicate window of the results stream."""
     session_ttl_s: float = 7 * 24 * 3600.0
     """Backstop expiry of session keys (each step rewrites the key, so only abandoned ones expire)."""
+    stream_replicas: int = 1
+    """Copies of every stream and bucket in a NATS cluster (3 on a 3-node cluster; 1 on a single server).
+    Every process applies it when it ensures the topology, so all of them must be given the same value."""
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -176,7 +179,7 @@ def consumer(role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> Consumer
 
 
 def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
-    return [
+    configs = [
         work_stream(limits),
         results_stream(limits),
         dead_stream(),
@@ -184,6 +187,9 @@ def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
         kv_stream(RUNS),
         kv_stream(MODELS),
     ]
+    for config in configs:
+        config.num_replicas = limits.stream_replicas
+    return configs
 
 
 async def ensure(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> None:

@@ -120,7 +120,11 @@ def _print_summary(summary: object) -> None:
 @app.command()
 def worker(
     function: Annotated[
-        str, typer.Argument(help="Function to serve: a name under functions/ (math, simple_agent) or module:OBJECT.")
+        str,
+        typer.Argument(
+            envvar="GYMBUS_FUNCTION",
+            help="Function to serve: a name under functions/ (math, simple_agent) or module:OBJECT.",
+        ),
     ],
     nats: NatsOpt = None,
     concurrency: Annotated[
@@ -245,6 +249,92 @@ def model_serve(
         asyncio.run(serve_model())
     except ConfigError as exc:
         raise _fail(str(exc)) from None
+
+
+@app.command()
+def init(
+    nats: NatsOpt = None,
+    agent: Annotated[list[str] | None, typer.Option("--agent", help="Agent whose consumer to create.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="Environment whose consumers to create.")] = None,
+) -> None:
+    """Create the streams, KV buckets and the named functions' durable consumers on a broker, then exit.
+
+    Workers do this themselves; run it first where none may be running yet (a compose init job, a
+    Kubernetes Job before KEDA scales workers from zero). Idempotent.
+    """
+    from broker.connect import connect
+    from broker.provision import provision
+    from broker.topology import Limits
+
+    if not nats:
+        raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
+
+    async def run() -> list[str]:
+        nc = await connect(nats, name="gymbus-init")
+        try:
+            return await provision(nc.jetstream(), agent or [], env or [], Limits.from_env())
+        finally:
+            await nc.close()
+
+    try:
+        consumers = asyncio.run(run())
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"broker ready: streams, buckets, consumers {', '.join(consumers) or '(none)'}")
+
+
+@app.command()
+def submit(
+    config: Annotated[Path, typer.Argument(help="Run config YAML (agent, env, model, limits).")],
+    nats: NatsOpt = None,
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Task JSONL (overrides the config's).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Use only the first N tasks.")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", "-r", "--num-repeats", help="Rollouts per task.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: a new one).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Publish a run's rollouts to a running broker and exit, without waiting for Results.
+
+    Workers must be running. Rollouts that already have a Result or are in flight are not published
+    again. Gather later with `gymbus collect CONFIG --nats URL --run-id RUN`, or read gym.result.<run>.
+    """
+    from runtime.collect import InputError
+    from runtime.config import ConfigError, load_config
+    from runtime.submission import submit as run_submit
+
+    _logging(verbose)
+    try:
+        cfg = load_config(config, input=input, limit=limit, repeats=repeats, nats=nats)
+        done = asyncio.run(run_submit(cfg, run_id))
+    except (ConfigError, InputError) as exc:
+        raise _fail(str(exc)) from None
+    console.print(
+        f"run {done.run_id}: submitted {done.submitted} of {done.expected} rollouts "
+        f"({done.finished} already finished); gather with "
+        f"`gymbus collect {config} --nats URL --run-id {done.run_id}`",
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def schema(
+    kind: Annotated[
+        str, typer.Argument(help="all, start, resume, seed, tools, verify, result or dead-letter.")
+    ] = "all",
+) -> None:
+    """Print the JSON Schema (draft 2020-12) of the wire messages, generated from their msgspec types.
+
+    A task is a `start` message published to gym.agent.<agent>; any NATS client can validate against
+    this schema and publish it (see the README for a `nats pub` example).
+    """
+    import json
+
+    from broker.wireschema import schema as wire_schema
+
+    try:
+        sys.stdout.write(json.dumps(wire_schema(kind), indent=2) + "\n")
+    except KeyError as exc:
+        raise _fail(str(exc.args[0])) from None
 
 
 def main() -> None:

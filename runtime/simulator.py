@@ -396,8 +396,8 @@ def run(sim: Simulator, host: str = "127.0.0.1", port: int = 0) -> None:
 class InThread:
     """Serve an ASGI app from a thread on a free port (tests, and the in-process CLI)."""
 
-    def __init__(self, app: Starlette, host: str = "127.0.0.1") -> None:
-        self.sock = bind(host, 0)
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.sock = bind(host, port)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
         self.server = _server(app)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True)

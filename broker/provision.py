@@ -1,0 +1,36 @@
+"""Provisioning a broker before any worker runs (``gymbus init``): streams, buckets and consumers.
+
+Workers create all of this themselves, idempotently. Provisioning ahead matters where no worker
+may be running: tasks published by any NATS client are stored (the work stream exists), and an
+autoscaler that scales a function from zero replicas finds the function's durable consumer and
+its lag (KEDA's ``nats-jetstream`` scaler reads the consumer's pending count).
+"""
+
+from __future__ import annotations
+
+import re
+
+from nats.js import JetStreamContext
+
+from broker import topology
+from broker.topology import Limits, Role
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def roles(agents: list[str], envs: list[str]) -> list[tuple[Role, str]]:
+    """The (role, function) consumers that the named agents and environments are served through."""
+    bad = [n for n in [*agents, *envs] if not _NAME.match(n)]
+    if bad:
+        raise ValueError(f"function name {bad[0]!r} must be 1-64 letters, digits, '-' or '_'")
+    out: list[tuple[Role, str]] = [("agent", a) for a in agents]
+    for env in envs:
+        out += [("tool", env), ("verify", env)]
+    return out
+
+
+async def provision(js: JetStreamContext, agents: list[str], envs: list[str], limits: Limits) -> list[str]:
+    """Create (or update) every stream and bucket, and the durable consumers of the named functions."""
+    wanted = roles(agents, envs)
+    await topology.ensure(js, limits)
+    return [await topology.ensure_consumer(js, role, name, limits) for role, name in wanted]

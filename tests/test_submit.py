@@ -1,0 +1,70 @@
+"""`gymbus submit` and `gymbus init`: publishing to a running broker, provisioning it ahead of workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from typer.testing import CliRunner
+
+from broker import topology
+from conftest import MATH_TASKS
+from runtime.cli import app
+from runtime.collect import InputError
+from runtime.config import RunConfig
+from runtime.submission import submit
+from runtime.testing import Harness
+
+
+def config(nats: str, limit: int = 4) -> RunConfig:
+    return RunConfig(input=str(MATH_TASKS), agent="simple_agent", env="math", nats=nats, limit=limit, repeats=2)
+
+
+async def test_submit_publishes_once_and_workers_finish_the_run(harness: Harness) -> None:
+    await harness.simulate(MATH_TASKS, accuracy=1.0)
+    await harness.worker("simple_agent")
+    await harness.worker("math")
+    cfg = config(harness.broker.url)
+
+    first = await submit(cfg, "sub1")
+    assert (first.expected, first.finished, first.submitted) == (8, 0, 8)
+    results = await harness.results("sub1", 8)
+    assert sorted((r.task_index, r.rollout_index) for r in results) == [(t, k) for t in range(4) for k in range(2)]
+    assert all(r.reward == 1.0 and r.verifier.get("extracted_answer") for r in results)
+    assert all(r.output[0]["type"] == "function_call" for r in results)  # the env's tools were offered
+
+    again = await submit(cfg, "sub1")  # finished rollouts are not published again
+    assert (again.finished, again.submitted) == (8, 0)
+    bigger = await submit(config(harness.broker.url, limit=5), "sub1")  # only the new task's rollouts
+    assert (bigger.finished, bigger.submitted) == (8, 2)
+    assert len(await harness.results("sub1", 10)) == 10
+
+
+async def test_submit_refuses_functions_nobody_serves(harness: Harness) -> None:
+    with pytest.raises(InputError, match=r"no worker serves gym\.agent\.simple_agent"):
+        await submit(config(harness.broker.url), "sub2")
+    assert await harness.pending("gym.agent.simple_agent") == 0
+
+
+def test_submit_without_broker_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GYMBUS_NATS_URL", raising=False)
+    result = CliRunner().invoke(app, ["submit", "configs/quickstart.yaml"])
+    assert result.exit_code == 2 and "no broker" in result.output
+
+
+async def test_init_provisions_consumers_before_any_worker(harness: Harness) -> None:
+    args = ["init", "--nats", harness.broker.url, "--agent", "simple_agent", "--env", "math"]
+    result = await asyncio.to_thread(CliRunner().invoke, app, args)
+    assert result.exit_code == 0, result.output
+    assert "agent-simple_agent, tool-math, verify-math" in " ".join(result.output.split())
+    for role, name in [("agent", "simple_agent"), ("tool", "math"), ("verify", "math")]:
+        assert await topology.has_consumer(harness.js, role, name)  # type: ignore[arg-type]
+    await harness.simulate(MATH_TASKS, accuracy=1.0)
+    assert (await submit(config(harness.broker.url), "sub3")).submitted == 8  # accepted before any worker runs
+    assert await harness.pending("gym.agent.simple_agent") == 8
+
+
+async def test_init_rejects_a_bad_function_name(harness: Harness) -> None:
+    args = ["init", "--nats", harness.broker.url, "--agent", "my agent"]
+    result = await asyncio.to_thread(CliRunner().invoke, app, args)
+    assert result.exit_code == 2 and "'my agent' must be 1-64 letters" in result.output
