@@ -28,6 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from runtime import tracing
+
 log = logging.getLogger("gymbus.simulator")
 
 SESSION_HEADER = "x-gymbus-session"
@@ -222,7 +224,7 @@ class Simulator:
         return JSONResponse({"status": "ok", "simulated": True})
 
     def app(self) -> Starlette:
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -230,6 +232,8 @@ class Simulator:
                 Route("/health", self.health),
             ]
         )
+        tracing.instrument_app(app)  # server spans continue the model call's trace, as vLLM's would
+        return app
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

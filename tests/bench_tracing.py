@@ -1,0 +1,74 @@
+"""CPU cost of gymbus's tracing per hop, in-process (not a test; run it by hand):
+
+    .venv/bin/python tests/bench_tracing.py           # off, sampled out, recorded to traces.jsonl
+
+One "hop" is what a worker adds around an agent step: the CONSUMER span (and its queue sibling),
+the GenAI model-call span, the PRODUCER span of the message it emits, and the outcome; the model,
+NATS and the handler itself are left out, so the figure is the tracing layer alone. Spans are
+exported (JSON lines to a temp file) inside the timed loop, so export cost is included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from broker.schemas import Session, Usage
+from runtime import spans, tracing
+from runtime.handlers import Delivery
+from runtime.model_client import ModelOutput
+
+N = 5000
+SESSION = Session(
+    session_id="bench.0.0", run_id="bench", task_index=0, agent="a", env="e", model="policy", step=1, phase="model",
+    params={},
+)  # fmt: skip
+OUTPUT = ModelOutput([{"type": "message", "content": "42"}], Usage(input_tokens=9), {}, None, "completed")
+
+
+async def respond(items: object, params: object, session: object) -> ModelOutput:
+    return OUTPUT
+
+
+async def one_hop(model: spans.TracedModel, headers: dict[str, str]) -> None:
+    now = time.time()
+    d = Delivery(published_at=now - 0.001, received_at=now, headers=dict(headers))
+    hop = spans.hop("gym.agent.a", "agent-a", d, 512)
+    hop.message("resume", "bench.0.0")
+    await model([], {"temperature": 1.0, "top_p": 1.0}, SESSION)
+    with spans.sending("gym.tool.e", dict(headers), "bench.0.0:2"):
+        pass
+    spans.settled("ack")
+    hop.end()
+
+
+async def measure(headers: dict[str, str]) -> float:
+    model = spans.TracedModel(respond)
+    for _ in range(500):
+        await one_hop(model, headers)
+    tracing.flush()
+    t0 = time.perf_counter()
+    for _ in range(N):
+        await one_hop(model, headers)
+    tracing.flush()
+    return (time.perf_counter() - t0) / N * 1e6
+
+
+def main() -> None:
+    bare = asyncio.run(measure({}))
+    print(f"tracing off (no exporter configured): {bare:6.1f} us/hop")
+    with tempfile.TemporaryDirectory() as tmp:
+        tracing.configure("bench", Path(tmp) / "traces.jsonl")
+        root = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}  # not sampled
+        print(f"tracing on, rollout sampled out:      {asyncio.run(measure(root)):6.1f} us/hop")
+        sampled = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        print(f"tracing on, recorded to traces.jsonl: {asyncio.run(measure(sampled)):6.1f} us/hop")
+        size = os.path.getsize(Path(tmp) / "traces.jsonl")
+        print(f"traces.jsonl: {size / (N + 500) / 1:.0f} bytes/hop")
+
+
+if __name__ == "__main__":
+    main()
