@@ -157,19 +157,25 @@ class TracedModel:
                 _error(span, exc)
                 raise
             if span.is_recording():
-                span.set_attributes(_response_attributes(out))
+                span.set_attributes({**_sampling_attributes(out.sampling), **_response_attributes(out)})
                 if tracing.CAPTURE_CONTENT:
                     span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages(out.items)))
             return out
 
 
 def _request_attributes(model: str, params: dict[str, Any], sid: str) -> dict[str, Any]:
-    attrs: dict[str, Any] = {
+    return {
         semconv.GEN_AI_OPERATION_NAME: semconv.CHAT,
         semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER,
         semconv.GEN_AI_REQUEST_MODEL: model,
         semconv.GEN_AI_CONVERSATION_ID: sid,
+        **_sampling_attributes(params),
     }
+
+
+def _sampling_attributes(params: dict[str, Any]) -> dict[str, Any]:
+    """The sampling parameters among ``params`` (the task's, then those the client actually sent)."""
+    attrs: dict[str, Any] = {}
     for key, name in semconv.SAMPLING_ATTRIBUTES.items():
         value = params.get(key)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):

@@ -182,3 +182,15 @@ def end_run() -> None:
     """Flush this process's spans of the run and stop writing them to its file."""
     flush()
     write_file(os.environ.get(TRACES_FILE_ENV) or None)
+
+
+def uninstall() -> None:
+    """Back to tracing off (tests): flush, drop the provider and the aiohttp instrumentation."""
+    global TRACER, _provider, _file
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+    flush()
+    if _file is not None:
+        _file.reopen(None)
+    TRACER, _provider, _file = None, None, None
+    AioHttpClientInstrumentor().uninstrument()
