@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -56,9 +56,17 @@ class WorkerMetrics:
             buckets=_BUCKETS,
         )
 
+        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
+
     def observe(self, function: str, role: str, handler_s: float, queued_s: float) -> None:
-        self.handler.labels(function, role).observe(handler_s)
-        self.queue_wait.labels(function, role).observe(queued_s)
+        series = self._series.get((function, role))
+        if series is None:  # labels() takes a lock and builds a key: do it once per series
+            series = self._series[(function, role)] = (
+                self.handler.labels(function, role),
+                self.queue_wait.labels(function, role),
+            )
+        series[0].observe(handler_s)
+        series[1].observe(queued_s)
 
 
 class StatsCollector(Collector):

@@ -138,7 +138,8 @@ def queued(span: SpanRecord) -> SpanRecord | None:
 
 def rollouts(spans: Iterable[SpanRecord]) -> list[Rollout]:
     """Spans grouped by trace, each with its root first (the rollout span, else the earliest top span).
-    Each hop's wait in the stream is added as a ``queue`` span (see `queued`)."""
+    Each hop's wait in the stream is added as a ``queue`` span (see `queued`). Traces that are not
+    rollouts (no rollout span, no hop: e.g. a lone request to the model server) are left out."""
     by_trace: dict[str, list[SpanRecord]] = defaultdict(list)
     for s in spans:
         by_trace[s.trace_id].append(s)
@@ -150,6 +151,8 @@ def rollouts(spans: Iterable[SpanRecord]) -> list[Rollout]:
         ids = {s.span_id for s in group}
         tops = sorted((s for s in group if s.parent_id not in ids), key=lambda s: (hop_of(s) != "rollout", s.start_ns))
         rest = sorted((s for s in group if s.parent_id in ids), key=lambda s: s.start_ns)
+        if not any(hop_of(s) == "rollout" or s.kind == "consumer" for s in tops):
+            continue
         r = Rollout(trace_id, tops + rest)
         for s in rest:
             r.children.setdefault(s.parent_id, []).append(s)
