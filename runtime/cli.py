@@ -220,7 +220,10 @@ def traces(
 
     path = run / "traces.jsonl" if run.is_dir() else run
     if not path.is_file():
-        raise _fail(f"no {path}: spans go there when no OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT)")
+        raise _fail(
+            f"no {path}: collect writes spans there unless OTEL_EXPORTER_OTLP_ENDPOINT sends them to a collector "
+            "or OTEL_SDK_DISABLED=true turns tracing off"
+        )
     rollouts = report.rollouts(report.load(path))
     if not rollouts:
         raise _fail(f"{path} holds no rollout traces")

@@ -141,10 +141,12 @@ class TracedModel:
     def __init__(self, respond: Callable[..., Awaitable[ModelOutput]]) -> None:
         self._respond = respond
 
-    async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput:
+    async def __call__(
+        self, items: list[dict[str, Any]], params: dict[str, Any], session: Session, *args: Any, **kwargs: Any
+    ) -> ModelOutput:
         tracer = tracing.TRACER
         if tracer is None:
-            return await self._respond(items, params, session)
+            return await self._respond(items, params, session, *args, **kwargs)
         model = params.get("model") or session.model
         with tracer.start_as_current_span(f"{semconv.CHAT} {model}", kind=SpanKind.CLIENT) as span:
             if span.is_recording():
@@ -152,12 +154,12 @@ class TracedModel:
                 if tracing.CAPTURE_CONTENT:
                     span.set_attribute(semconv.GEN_AI_INPUT_MESSAGES, json.dumps(messages(items)))
             try:
-                out = await self._respond(items, params, session)
+                out = await self._respond(items, params, session, *args, **kwargs)
             except BaseException as exc:
                 _error(span, exc)
                 raise
             if span.is_recording():
-                span.set_attributes({**_sampling_attributes(out.sampling), **_response_attributes(out)})
+                span.set_attributes({**_sampling_attributes(getattr(out, "sampling", {})), **_response_attributes(out)})
                 if tracing.CAPTURE_CONTENT:
                     span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages(out.items)))
             return out
@@ -190,7 +192,7 @@ def _response_attributes(out: ModelOutput) -> dict[str, Any]:
         semconv.GEN_AI_USAGE_INPUT_TOKENS: out.usage.input_tokens,
         semconv.GEN_AI_USAGE_OUTPUT_TOKENS: out.usage.output_tokens,
     }
-    reason = finish_reason(out.finish_reason, out.items)
+    reason = finish_reason(getattr(out, "finish_reason", None), out.items)
     if reason:
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
     return attrs
