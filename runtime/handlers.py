@@ -48,7 +48,7 @@ from broker.schemas import (
     session_id,
 )
 from broker.sessions import SessionStore, StateConflict
-from runtime import spans
+from runtime import genai, spans
 from runtime.errors import GymError, InvalidInput, Timeout, ToolError, VerifierError
 from runtime.sdk import Agent, AgentContext, CallTools, Context, Environment, Respond, Rollout, Verdict
 
@@ -319,7 +319,7 @@ async def run_tools(env: Environment, s: Session, calls: list[FunctionCall]) -> 
     outputs = []
     for call in calls:
         t0 = time.perf_counter()
-        output = await spans.tool_call(s.session_id, call, _call(env, ctx, call))
+        output = await genai.tool_call(s.session_id, call, _call(env, ctx, call))
         outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": output})
         s.timings.tool_s += time.perf_counter() - t0
         s.timings.tool_calls += 1

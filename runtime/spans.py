@@ -13,11 +13,10 @@ attributes only on recording spans, so an unsampled rollout costs a few microsec
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
@@ -25,8 +24,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from runtime import semconv, tracing
 
 if TYPE_CHECKING:
-    from broker.schemas import FunctionCall, Result, Session, Start
-    from runtime.model_client import ModelOutput
+    from broker.schemas import Result, Start
 
 T = TypeVar("T")
 TRACEPARENT = "traceparent"
@@ -130,145 +128,10 @@ def settled(outcome: str, kind: str | None = None, reason: str | None = None) ->
         span.set_status(Status(StatusCode.ERROR, reason))
 
 
-def _error(span: Span, exc: BaseException) -> None:
+def record_error(span: Span, exc: BaseException) -> None:
+    """``error.type`` on a span: the failure kind of a gymbus error, else the exception class."""
     if span.is_recording():
         span.set_attribute(semconv.ERROR_TYPE, getattr(exc, "kind", None) or type(exc).__name__)
-
-
-class TracedModel:
-    """Wraps the model client: a GenAI ``chat <model>`` span around every call."""
-
-    def __init__(self, respond: Callable[..., Awaitable[ModelOutput]]) -> None:
-        self._respond = respond
-
-    async def __call__(
-        self, items: list[dict[str, Any]], params: dict[str, Any], session: Session, *args: Any, **kwargs: Any
-    ) -> ModelOutput:
-        tracer = tracing.TRACER
-        if tracer is None:
-            return await self._respond(items, params, session, *args, **kwargs)
-        model = params.get("model") or session.model
-        with tracer.start_as_current_span(f"{semconv.CHAT} {model}", kind=SpanKind.CLIENT) as span:
-            if span.is_recording():
-                span.set_attributes(_request_attributes(model, params, session.session_id))
-                if tracing.CAPTURE_CONTENT:
-                    span.set_attribute(semconv.GEN_AI_INPUT_MESSAGES, json.dumps(messages(items)))
-            try:
-                out = await self._respond(items, params, session, *args, **kwargs)
-            except BaseException as exc:
-                _error(span, exc)
-                raise
-            if span.is_recording():
-                span.set_attributes({**_sampling_attributes(getattr(out, "sampling", {})), **_response_attributes(out)})
-                if tracing.CAPTURE_CONTENT:
-                    span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages(out.items)))
-            return out
-
-
-def _request_attributes(model: str, params: dict[str, Any], sid: str) -> dict[str, Any]:
-    return {
-        semconv.GEN_AI_OPERATION_NAME: semconv.CHAT,
-        semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER,
-        semconv.GEN_AI_REQUEST_MODEL: model,
-        semconv.GEN_AI_CONVERSATION_ID: sid,
-        **_sampling_attributes(params),
-    }
-
-
-def _sampling_attributes(params: dict[str, Any]) -> dict[str, Any]:
-    """The sampling parameters among ``params`` (the task's, then those the client actually sent)."""
-    attrs: dict[str, Any] = {}
-    for key, name in semconv.SAMPLING_ATTRIBUTES.items():
-        value = params.get(key)
-        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-            attrs[name] = [value] if key == "stop" else value
-        elif key == "stop" and isinstance(value, list):
-            attrs[name] = [str(v) for v in value]
-    return attrs
-
-
-def _response_attributes(out: ModelOutput) -> dict[str, Any]:
-    attrs: dict[str, Any] = {
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: out.usage.input_tokens,
-        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: out.usage.output_tokens,
-    }
-    reason = finish_reason(getattr(out, "finish_reason", None), out.items)
-    if reason:
-        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
-    return attrs
-
-
-def finish_reason(raw: str | None, items: list[dict[str, Any]]) -> str | None:
-    """A Chat finish reason as is; a Responses ``status`` mapped to one (stop, tool_calls, length)."""
-    if raw == "completed":
-        return "tool_calls" if any(i.get("type") == "function_call" for i in items) else "stop"
-    if raw == "incomplete":
-        return "length"
-    return raw
-
-
-def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses items in the GenAI semconv message shape (recorded only when content capture is on)."""
-    out = []
-    for item in items:
-        match item.get("type", "message"):
-            case "message":
-                role, parts = item.get("role", "user"), [{"type": "text", "content": _text(item.get("content"))}]
-            case "function_call":
-                role = "assistant"
-                parts = [
-                    {
-                        "type": "tool_call",
-                        "id": item.get("call_id"),
-                        "name": item.get("name"),
-                        "arguments": item.get("arguments"),
-                    }
-                ]
-            case "function_call_output":
-                role = "tool"
-                parts = [{"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}]
-            case "reasoning":
-                role, parts = "assistant", [{"type": "reasoning", "content": _text(item.get("summary"))}]
-            case _:
-                continue
-        out.append({"role": role, "parts": parts})
-    return out
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
-async def tool_call(session_id: str, call: FunctionCall, run: Awaitable[T]) -> T:
-    """Await ``run`` (one tool call) inside an ``execute_tool <name>`` span."""
-    tracer = tracing.TRACER
-    if tracer is None:
-        return await run
-    with tracer.start_as_current_span(f"{semconv.EXECUTE_TOOL} {call.name}") as span:
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    semconv.GEN_AI_OPERATION_NAME: semconv.EXECUTE_TOOL,
-                    semconv.GEN_AI_TOOL_NAME: call.name,
-                    semconv.GEN_AI_TOOL_TYPE: "function",
-                    semconv.GEN_AI_TOOL_CALL_ID: call.call_id,
-                    semconv.GEN_AI_CONVERSATION_ID: session_id,
-                }
-            )
-            if tracing.CAPTURE_CONTENT:
-                span.set_attribute(semconv.GEN_AI_TOOL_CALL_ARGUMENTS, call.arguments)
-        try:
-            result = await run
-        except BaseException as exc:
-            _error(span, exc)
-            raise
-        if tracing.CAPTURE_CONTENT and span.is_recording():
-            span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, str(result))
-        return result
 
 
 async def verification(env: str, session_id: str, run: Awaitable[T]) -> T:
@@ -282,7 +145,7 @@ async def verification(env: str, session_id: str, run: Awaitable[T]) -> T:
         try:
             verdict = await run
         except BaseException as exc:
-            _error(span, exc)
+            record_error(span, exc)
             raise
         reward = getattr(verdict, "reward", verdict)
         if span.is_recording() and isinstance(reward, (int, float)) and not isinstance(reward, bool):

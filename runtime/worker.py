@@ -40,7 +40,7 @@ from broker.schemas import (
 )
 from broker.sessions import SessionStore
 from broker.topology import Limits, Role
-from runtime import handlers, spans
+from runtime import genai, handlers, spans
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.handlers import Delivery, Runtime
 from runtime.metrics import HttpServer, WorkerMetrics
@@ -136,7 +136,7 @@ class Worker:
             await topology.ensure(js, self.limits)
             if isinstance(self.function, Agent):
                 client = ModelClient(Endpoints(js, self.model_url))
-            rt = Runtime(js, SessionStore(js), respond=spans.TracedModel(client) if client else None)
+            rt = Runtime(js, SessionStore(js), respond=genai.TracedModel(client) if client else None)
             loops = []
             for role in self.roles or roles_of(self.function):
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)

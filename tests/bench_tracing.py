@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from broker.schemas import Session, Usage
-from runtime import spans, tracing
+from runtime import genai, spans, tracing
 from runtime.handlers import Delivery
 from runtime.model_client import ModelOutput
 
@@ -33,7 +33,7 @@ async def respond(items: object, params: object, session: object) -> ModelOutput
     return OUTPUT
 
 
-async def one_hop(model: spans.TracedModel, headers: dict[str, str]) -> None:
+async def one_hop(model: genai.TracedModel, headers: dict[str, str]) -> None:
     now = time.time()
     d = Delivery(published_at=now - 0.001, received_at=now, headers=dict(headers))
     hop = spans.hop("gym.agent.a", "agent-a", d, 512)
@@ -47,7 +47,7 @@ async def one_hop(model: spans.TracedModel, headers: dict[str, str]) -> None:
 
 async def measure(headers: dict[str, str]) -> str:
     """Wall and CPU time (all threads: the exporter's too) per hop; CPU is the figure that holds on a busy box."""
-    model = spans.TracedModel(respond)
+    model = genai.TracedModel(respond)
     for _ in range(500):
         await one_hop(model, headers)
     tracing.flush()
