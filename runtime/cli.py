@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from runtime import tracing
@@ -45,7 +46,7 @@ def _logging(verbose: bool) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 
@@ -95,7 +96,7 @@ def collect(
             **{"model.base_url": model_url, "workers.concurrency": concurrency},
         )
         summary = asyncio.run(run_collect(cfg, run_id=run_id, quiet=quiet))
-    except (ConfigError, InputError) as exc:
+    except (ConfigError, InputError, tracing.TracingError) as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: run the same command with --run-id to resume")
@@ -169,7 +170,10 @@ def worker(
         raise _fail(f"--role {bad[0]!r} is not served by {fn.name!r}; choose from {roles_of(fn)}")
     w = Worker(fn, nats_url=nats, concurrency=concurrency, batch=batch, roles=roles, model_url=model_url)  # type: ignore[arg-type]
     w.http_port = http_port
-    tracing.configure(f"gymbus-{fn.name}")
+    try:
+        tracing.configure(f"gymbus-{fn.name}")
+    except tracing.TracingError as exc:
+        raise _fail(str(exc)) from None
     asyncio.run(serve(w))
 
 

@@ -34,6 +34,10 @@ CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _PROBES_UNTRACED = "OTEL_PYTHON_STARLETTE_EXCLUDED_URLS"
 
+class TracingError(ValueError):
+    """The OTEL_* configuration cannot be served (e.g. a protocol whose exporter is not installed)."""
+
+
 TRACER: Tracer | None = None
 """gymbus's tracer, or None while tracing is off (the span helpers check this first)."""
 CAPTURE_CONTENT = False
@@ -148,7 +152,7 @@ def _otlp_exporter() -> Any:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
-            raise RuntimeError(
+            raise TracingError(
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: pip install 'gymbus[grpc]'"
             ) from exc
         return OTLPSpanExporter()
@@ -172,7 +176,8 @@ def _resource(service: str) -> Any:
 def configure_run(run_dir: Path) -> dict[str, str]:
     """Trace a ``gymbus collect`` run: to OTLP when an endpoint is set, else to ``run_dir/traces.jsonl``.
     Returns the environment its local workers and simulated policy need to write there too."""
-    path = None if otlp_configured() else (run_dir / "traces.jsonl").resolve()
+    local = not otlp_configured() and "none" not in _exporter_names()
+    path = (run_dir / "traces.jsonl").resolve() if local else None
     if not configure("gymbus-collect", path):
         return {}
     return {TRACES_FILE_ENV: str(path)} if path else {}
