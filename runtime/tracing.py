@@ -78,7 +78,8 @@ def install(provider: Any) -> None:
     from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 
     _provider = provider
-    trace.set_tracer_provider(provider)
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # the global can be set once
+        trace.set_tracer_provider(provider)
     TRACER = provider.get_tracer("gymbus")
     CAPTURE_CONTENT = os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in ("true", "span_only", "span_and_event")
     instrumentor = AioHttpClientInstrumentor()
