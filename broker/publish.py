@@ -13,6 +13,7 @@ from nats.js.api import Header, PubAck
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from broker.schemas import Msg, encoder
+from runtime.spans import sending
 
 RETRY_ON = (TimeoutError, NoStreamResponseError, ServiceUnavailableError, ConnectionReconnectingError)
 PUBLISH_TIMEOUT_S = 5.0
@@ -32,7 +33,8 @@ async def publish_raw(
 async def publish(
     js: JetStreamContext, subject: str, msg: Msg, msg_id: str, headers: dict[str, str] | None = None
 ) -> PubAck:
-    """Publish a wire message with its deterministic id (plus any trace headers)."""
+    """Publish a wire message with its deterministic id, carrying the rollout's trace context."""
     hdrs = dict(headers) if headers else {}
     hdrs[Header.MSG_ID.value] = msg_id
-    return await publish_raw(js, subject, encoder.encode(msg), hdrs)
+    with sending(subject, hdrs, msg_id):
+        return await publish_raw(js, subject, encoder.encode(msg), hdrs)

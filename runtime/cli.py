@@ -12,7 +12,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from runtime import tracing
 
 app = typer.Typer(
     name="gymbus",
@@ -43,7 +46,7 @@ def _logging(verbose: bool) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 
@@ -93,7 +96,7 @@ def collect(
             **{"model.base_url": model_url, "workers.concurrency": concurrency},
         )
         summary = asyncio.run(run_collect(cfg, run_id=run_id, quiet=quiet))
-    except (ConfigError, InputError) as exc:
+    except (ConfigError, InputError, tracing.TracingError) as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: run the same command with --run-id to resume")
@@ -141,12 +144,19 @@ def worker(
             "--model-url", envvar="GYMBUS_MODEL_URL", help="Static model base URL(s); default: the models KV bucket."
         ),
     ] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            "--http-port", envvar="GYMBUS_HTTP_PORT", help="Serve /metrics and /healthz on 0.0.0.0:PORT (default: off)."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve one function: pull its messages from JetStream and run them, until SIGTERM (then drain).
 
     An agent serves gym.agent.<name>; an environment serves gym.tool.<name> and gym.verify.<name>.
     Run as many replicas as you like: they share one durable consumer per subject.
+    Spans go where the OTEL_* variables say (OTLP) or to GYMBUS_TRACES_FILE; see `gymbus traces`.
     """
     from runtime.sdk import load
     from runtime.worker import Worker, roles_of, serve
@@ -163,6 +173,11 @@ def worker(
     if bad:
         raise _fail(f"--role {bad[0]!r} is not served by {fn.name!r}; choose from {roles_of(fn)}")
     w = Worker(fn, nats_url=nats, concurrency=concurrency, batch=batch, roles=roles, model_url=model_url)  # type: ignore[arg-type]
+    w.http_port = http_port
+    try:
+        tracing.configure(f"gymbus-{fn.name}")
+    except tracing.TracingError as exc:
+        raise _fail(str(exc)) from None
     asyncio.run(serve(w))
 
 
@@ -205,6 +220,9 @@ def simulate(
         hang=hang,
     )
     sim = Simulator(load_answer_key(tasks), config)
+    if tracing.configure("gymbus-simulated-policy"):
+        # uvicorn re-raises SIGTERM after its graceful shutdown; exit normally so buffered spans are flushed
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     run(sim, host, port)
 
 
@@ -335,6 +353,40 @@ def schema(
         sys.stdout.write(json.dumps(wire_schema(kind), indent=2) + "\n")
     except KeyError as exc:
         raise _fail(str(exc.args[0])) from None
+
+
+@app.command()
+def traces(
+    run: Annotated[Path, typer.Argument(help="A run folder (runs/<run_id>/) or a traces.jsonl file.")],
+    slowest: Annotated[int, typer.Option("--slowest", "-n", help="Waterfalls of the N slowest rollouts.")] = 3,
+    width: Annotated[int, typer.Option("--width", help="Width of the waterfall's timeline, in characters.")] = 48,
+    as_json: Annotated[bool, typer.Option("--json", help="Breakdown and slowest rollouts as JSON.")] = False,
+) -> None:
+    """Where a run's rollouts spent their time: per-hop latency and the slowest rollouts as waterfalls.
+
+    Reads the spans `gymbus collect` wrote to runs/<run_id>/traces.jsonl (written when no OTLP endpoint
+    is configured; with OTEL_EXPORTER_OTLP_ENDPOINT set, look at your trace viewer instead).
+    """
+    import json
+
+    from runtime import traces as report
+
+    path = run / "traces.jsonl" if run.is_dir() else run
+    if not path.is_file():
+        raise _fail(
+            f"no {path}: collect writes spans there unless OTEL_EXPORTER_OTLP_ENDPOINT sends them to a collector "
+            "or OTEL_SDK_DISABLED=true turns tracing off"
+        )
+    rollouts = report.rollouts(report.load(path))
+    if not rollouts:
+        raise _fail(f"{path} holds no rollout traces")
+    if as_json:
+        print(json.dumps(report.as_json(rollouts, slowest), indent=2))
+        return
+    console.print(report.breakdown_table(report.breakdown(rollouts), len(rollouts)))
+    for r in report.slowest(rollouts, slowest):
+        console.print()
+        console.print(report.waterfall(r, width))
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ only the missing ones are (re)submitted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -32,11 +33,13 @@ from broker.connect import connect
 from broker.publish import publish
 from broker.schemas import Result, Start, Timings, Usage, result_decoder, session_id
 from broker.sessions import SessionStore
+from runtime import tracing
 from runtime.config import RunConfig
 from runtime.handlers import publish_orphan_failure
 from runtime.model_client import register
 from runtime.progress import RunProgress
 from runtime.sdk import Environment, load
+from runtime.spans import RolloutSpans
 from runtime.stack import LocalStack
 
 log = logging.getLogger("gymbus.collect")
@@ -261,6 +264,8 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
     tasks = read_tasks(cfg.input, cfg.limit)
     expected = {(t.index, k) for t in tasks for k in range(cfg.repeats)}
     t_start = time.time()
+    child_env = tracing.configure_run(run_dir)
+    roots = RolloutSpans()
 
     stack: LocalStack | None = None
     env: Environment | None = None
@@ -275,7 +280,7 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         agent = load(cfg.agent_ref or cfg.agent)
         if agent.name != cfg.agent:
             raise InputError(f"agent {cfg.agent!r} loads a function named {agent.name!r}")
-        stack = LocalStack(run_dir)
+        stack = LocalStack(run_dir, env=child_env)
         nats_url = stack.start_broker()
     nc = await connect(nats_url, name=f"gymbus-collect-{run_id}")
     summary = Summary(run_id, run_dir, expected=len(expected), submitted=0)
@@ -311,7 +316,8 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
 
         feed = ResultsFeed(js, run_id)
         await feed.start()
-        await asyncio.wait_for(feed.caught_up.wait(), timeout=60)
+        async with asyncio.timeout(60):  # not wait_for: on 3.11 it can swallow a cancel (Ctrl-C)
+            await feed.caught_up.wait()
         if not feed.results:  # a new broker (store deleted, another cluster): the run folder remembers
             for row in _read_rows(run_dir / "rollouts.jsonl"):
                 r = result_from_row(row)
@@ -329,15 +335,15 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         rows_out = (run_dir / "rollouts.jsonl").open("a")  # rows land as they arrive; rewritten sorted at the end
 
         def on_result(r: Result, new: bool) -> None:
+            roots.finish(r)
             if new and (r.task_index, r.rollout_index) in expected:
                 progress.add(r)
                 rows_out.write(json.dumps(output_row(task_by_index[r.task_index].row, r)) + "\n")
                 rows_out.flush()
 
         feed.on_result = on_result
-
         with progress:
-            summary.submitted = await _submit(js, cfg, run_id, task_by_index, attempts, env)
+            summary.submitted = await _submit(js, cfg, run_id, task_by_index, attempts, env, roots)
             await _wait(feed, expected, stack, cfg, progress)
         await feed.stop()
     finally:
@@ -345,8 +351,10 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         if feed is not None:
             summary.results = {k: v for k, v in feed.results.items() if (v.task_index, v.rollout_index) in expected}
         await nc.close()
+        roots.abandon()
         if stack is not None:
             stack.stop()
+        tracing.end_run()
         if rows_out is not None:
             rows_out.close()
         if feed is not None:  # also when interrupted: the folder shows what was gathered so far
@@ -392,6 +400,7 @@ async def _submit(
     tasks: dict[int, TaskRow],
     attempts: dict[tuple[int, int], int],
     env: Environment | None,
+    roots: RolloutSpans | None = None,
 ) -> int:
     tool_specs = env.tool_specs() if (env is not None and cfg.env_tools) else None
     sem = asyncio.Semaphore(256)
@@ -411,7 +420,8 @@ async def _submit(
                 )
                 return
             start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
-            await publish(js, subject, start, f"{sid}:start:{attempt}")
+            with roots.submitting(start, sid) if roots else contextlib.nullcontext():
+                await publish(js, subject, start, f"{sid}:start:{attempt}")
 
     await asyncio.gather(*(one(t, r, a) for (t, r), a in sorted(attempts.items())))
     return len(attempts)
@@ -427,7 +437,8 @@ async def _wait(
             return
         feed.changed.clear()
         try:
-            await asyncio.wait_for(feed.changed.wait(), timeout=2.0)
+            async with asyncio.timeout(2.0):
+                await feed.changed.wait()
         except TimeoutError:
             pass
         if stack is not None:

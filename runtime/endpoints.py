@@ -186,7 +186,8 @@ class Pool:
                     "start it with `gymbus model serve`, or give --model-url"
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self.changed.wait()
 
     def succeeded(self, ep: Endpoint) -> None:
         ep.served += 1

@@ -48,6 +48,7 @@ from broker.schemas import (
     session_id,
 )
 from broker.sessions import SessionStore, StateConflict
+from runtime import genai, spans
 from runtime.errors import GymError, InvalidInput, Timeout, ToolError, VerifierError
 from runtime.sdk import Agent, AgentContext, CallTools, Context, Environment, Respond, Rollout, Verdict
 
@@ -318,7 +319,8 @@ async def run_tools(env: Environment, s: Session, calls: list[FunctionCall]) -> 
     outputs = []
     for call in calls:
         t0 = time.perf_counter()
-        outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": await _call(env, ctx, call)})
+        output = await genai.tool_call(s.session_id, call, _call(env, ctx, call))
+        outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": output})
         s.timings.tool_s += time.perf_counter() - t0
         s.timings.tool_calls += 1
     return outputs
@@ -352,7 +354,8 @@ async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) ->
     task = env.task(s)
     async with deadline(s):
         try:
-            verdict = await env.verify(task, Rollout(output=s.items[s.n_input :], state=s.env_state))
+            rollout = Rollout(output=s.items[s.n_input :], state=s.env_state)
+            verdict = await spans.verification(env.name, s.session_id, env.verify(task, rollout))
         except GymError:
             raise
         except Exception as exc:

@@ -206,7 +206,8 @@ class Launcher:
                     await asyncio.gather(*(self._check(ray, http, r) for r in self.replicas))
                     await self._publish(js)
                     try:
-                        await asyncio.wait_for(self.stopping.wait(), self.cfg.check_interval_s)
+                        async with asyncio.timeout(self.cfg.check_interval_s):
+                            await self.stopping.wait()
                     except TimeoutError:
                         pass
         finally:

@@ -40,6 +40,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime import tracing
+
 log = logging.getLogger("gymbus.simulator")
 
 SESSION_HEADER = "x-gymbus-session"
@@ -352,7 +354,7 @@ class Simulator:
         return JSONResponse({"status": "ok", "simulated": True, **stats})
 
     def app(self) -> Starlette:
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -360,6 +362,8 @@ class Simulator:
                 Route("/health", self.health),
             ]
         )
+        tracing.instrument_app(app)  # server spans continue the model call's trace, as vLLM's would
+        return app
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

@@ -80,8 +80,10 @@ class Process:
 class LocalStack:
     """Broker, simulated policy and workers for one run, as child processes."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, env: dict[str, str] | None = None) -> None:
         self.run_dir = run_dir
+        self.env = env or {}
+        """Extra environment of every child (e.g. where to write spans)."""
         self.log_dir = run_dir / "logs"
         self.broker: EmbeddedServer | None = None
         self.procs: list[Process] = []
@@ -118,6 +120,7 @@ class LocalStack:
                 "0",
             ),
             self.log_dir,
+            self.env,
         )
         self.procs.append(proc)
         self.model_url = str(proc.read_ready_line()["url"])
@@ -129,6 +132,7 @@ class LocalStack:
             f"worker-{name}-{replica}",
             gymbus_command("worker", ref, "--nats", self.nats_url, "--concurrency", str(concurrency)),
             self.log_dir,
+            self.env,
         )
         self.procs.append(proc)
         return proc

@@ -92,7 +92,8 @@ async def _results(js: JetStreamContext, run_id: str) -> list[Result]:
     feed = ResultsFeed(js, run_id)
     await feed.start()
     try:
-        await asyncio.wait_for(feed.caught_up.wait(), timeout=60)
+        async with asyncio.timeout(60):
+            await feed.caught_up.wait()
     finally:
         await feed.stop()
     return list(feed.results.values())

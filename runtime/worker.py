@@ -40,9 +40,10 @@ from broker.schemas import (
 )
 from broker.sessions import SessionStore
 from broker.topology import Limits, Role
-from runtime import handlers
+from runtime import genai, handlers, spans
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.handlers import Delivery, Runtime
+from runtime.metrics import HttpServer, WorkerMetrics
 from runtime.model_client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
 
@@ -94,10 +95,14 @@ class Worker:
     drain_timeout_s: float = 30.0
     fetch_timeout_s: float = 1.0
     retried_kinds: frozenset[FailureKind] = RETRIED_KINDS
+    http_port: int | None = None
+    """Serve /metrics and /healthz on 0.0.0.0:PORT (0: any free port, written back here); None: off."""
     stats: Counter[str] = field(default_factory=Counter)
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _nc: Client | None = None
 
     @property
     def name(self) -> str:
@@ -106,16 +111,32 @@ class Worker:
     def stop(self) -> None:
         self._stopping.set()
 
+    def health(self) -> str:
+        """``ok`` once connected with its consumers bound; otherwise starting, disconnected or draining."""
+        if self._stopping.is_set():
+            return "draining"
+        if not self.ready.is_set():
+            return "starting"
+        return "ok" if self._nc is not None and self._nc.is_connected else "disconnected"
+
     async def run(self) -> None:
         """Serve until `stop()` (or SIGTERM in `serve`), then drain."""
-        nc = await connect(self.nats_url, name=f"gymbus-worker-{self.name}")
+        http = await HttpServer.start(self, self.http_port) if self.http_port is not None else None
+        try:
+            await self._run()
+        finally:
+            if http is not None:
+                await http.stop()
+
+    async def _run(self) -> None:
+        nc = self._nc = await connect(self.nats_url, name=f"gymbus-worker-{self.name}")
         client: ModelClient | None = None
         try:
             js = nc.jetstream()
             await topology.ensure(js, self.limits)
             if isinstance(self.function, Agent):
                 client = ModelClient(Endpoints(js, self.model_url))
-            rt = Runtime(js, SessionStore(js), respond=client)
+            rt = Runtime(js, SessionStore(js), respond=genai.TracedModel(client) if client else None)
             loops = []
             for role in self.roles or roles_of(self.function):
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)
@@ -169,6 +190,7 @@ class Worker:
             num_delivered=md.num_delivered,
             headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")},
         )
+        hop = spans.hop(m.subject, topology.durable(role, self.name), d, len(m.data))
         beat = asyncio.create_task(self._heartbeat(m))
         self.stats["in_flight"] += 1
         try:
@@ -177,6 +199,7 @@ class Worker:
             except msgspec.DecodeError as exc:
                 await self._reject(rt, m, role, exc, d)
                 return
+            hop.message(type(msg).__name__.lower(), _sid(msg))
             try:
                 await handle(rt, self.function, msg, d)
             except Retry as exc:
@@ -190,11 +213,14 @@ class Worker:
             else:
                 await m.ack()
                 self.stats["processed"] += 1
+                spans.settled("ack")
         except Exception:  # could not even settle the message: leave it to redelivery
             log.exception("%s: could not settle message %s", self.name, md.sequence.stream)
         finally:
             beat.cancel()
             self.stats["in_flight"] -= 1
+            self.metrics.observe(self.name, role, time.time() - d.received_at, d.queued_s)
+            hop.end()
             await slots.give()
 
     async def _heartbeat(self, m: NatsMsg) -> None:
@@ -221,6 +247,7 @@ class Worker:
     ) -> None:
         if retry and d.num_delivered < self.limits.max_deliver:
             self.stats["retried"] += 1
+            spans.settled("retry", kind, reason)
             await m.nak(delay=delay if delay is not None else backoff(d.num_delivered))
             return
         if retry:
@@ -228,6 +255,7 @@ class Worker:
             await self._dead_letter(rt, m, role, kind, reason, d, _sid(msg))
         await handlers.fail(rt, msg, kind, reason, d)
         self.stats[f"failed:{kind}"] += 1
+        spans.settled("fail", kind, reason)
         await m.term()
 
     async def _reject(self, rt: Runtime, m: NatsMsg, role: Role, exc: msgspec.DecodeError, d: Delivery) -> None:
@@ -241,6 +269,7 @@ class Worker:
         else:
             log.error("%s: dropped a message naming no rollout (dead-lettered): %s", self.name, reason)
         self.stats["failed:invalid_input"] += 1
+        spans.settled("fail", "invalid_input", reason)
         await m.term()
 
     async def _dead_letter(

@@ -1,11 +1,8 @@
-"""What this branch's checks expect from work merged separately (issues 3 and 4).
+"""What this branch's checks expect from work merged separately (issue 3).
 
 compose.yaml, the images and the Kubernetes manifests are written against these contracts:
 
 - issue 3: `gymbus profiler --nats URL` (GYMBUS_NATS_URL), the results-stream profiling consumer;
-- issue 4: `gymbus worker FUNCTION --http-port PORT` (GYMBUS_HTTP_PORT) serving GET /healthz (200 once
-  connected with its consumers bound, else 503) and /metrics, and OpenTelemetry tracing configured by
-  the standard OTEL_* variables (OTLP exporter);
 
 Every check that depends on one of them is marked with its marker below, ``strict``: once the issue is
 merged the check passes, pytest reports it as XPASS(strict) and fails, and the mark is deleted here.
@@ -16,9 +13,6 @@ from __future__ import annotations
 import pytest
 
 ISSUE_3 = pytest.mark.xfail(strict=True, reason="awaits issue 3: `gymbus profiler`; delete this mark when merged")
-ISSUE_4 = pytest.mark.xfail(
-    strict=True, reason="awaits issue 4: worker --http-port, /healthz, OTLP tracing; delete this mark when merged"
-)
 
 SERVICES = {"profiler": ISSUE_3}
 """Services whose command does not exist yet (the process-level stack leaves these out)."""

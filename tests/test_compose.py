@@ -113,7 +113,6 @@ def test_gymbus_variables_are_ones_gymbus_reads(name: str) -> None:
     assert not unknown, f"{name} sets {sorted(unknown)}, which gymbus does not read"
 
 
-@pending.ISSUE_4
 @pytest.mark.parametrize("name", list(WORKERS))
 def test_workers_serve_health_on_the_image_port(name: str) -> None:
     svc = WORKERS[name]

@@ -70,7 +70,6 @@ def test_submitted_tasks_end_as_verified_results(stack: tuple[LocalStack, OtlpRe
     assert 0.5 < sum(r["reward"] for r in rows) / 96 < 0.95  # the policy's accuracy is 0.75
 
 
-@pending.ISSUE_4
 @pytest.mark.parametrize("name", WORKERS)
 def test_worker_health_checks_pass(stack: tuple[LocalStack, OtlpReceiver], name: str) -> None:
     local, _ = stack
@@ -79,7 +78,6 @@ def test_worker_health_checks_pass(stack: tuple[LocalStack, OtlpReceiver], name:
         assert check.returncode == 0, check.stderr.decode()
 
 
-@pending.ISSUE_4
 def test_every_worker_sends_traces_to_the_collector(stack: tuple[LocalStack, OtlpReceiver]) -> None:
     local, receiver = stack
     for name in WORKERS:  # SIGTERM drains, and flushes the span exporter

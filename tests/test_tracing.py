@@ -1,0 +1,171 @@
+"""One trace per rollout across every hop: real worker processes, a real broker, real HTTP.
+
+The test process records its own spans (the rollout's root, the simulated policy's server spans)
+with an in-memory exporter; the worker subprocesses write theirs to a JSONL file. Both are read
+back as the same records and must form one trace with the right parent/child structure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from broker.publish import publish_raw
+from broker.schemas import encoder, session_id
+from conftest import MATH_TASKS, ROOT
+from runtime import semconv, spanfile, tracing
+from runtime.spanfile import SpanRecord
+from runtime.spans import RolloutSpans
+from runtime.testing import Harness
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "gymbus-test"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.install(provider)
+    yield memory
+    tracing.uninstall()
+
+
+@pytest.fixture
+def memory(exporter: InMemorySpanExporter) -> InMemorySpanExporter:
+    exporter.clear()
+    return exporter
+
+
+def with_tools(row: dict) -> dict:
+    from functions.math.env import ENVIRONMENT
+
+    return {**row, "responses_create_params": {**row["responses_create_params"], "tools": ENVIRONMENT.tool_specs()}}
+
+
+def spawn(function: str, url: str, traces: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({tracing.TRACES_FILE_ENV: str(traces), "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    cmd = [sys.executable, "-m", "runtime", "worker", function, "--nats", url]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def by_name(spans: list[SpanRecord], prefix: str) -> list[SpanRecord]:
+    return sorted((s for s in spans if s.name.startswith(prefix)), key=lambda s: s.start_ns)
+
+
+def children(spans: list[SpanRecord], parent: SpanRecord) -> list[SpanRecord]:
+    return sorted((s for s in spans if s.parent_id == parent.span_id), key=lambda s: s.start_ns)
+
+
+async def test_one_trace_per_rollout_across_worker_processes(
+    harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    await harness.simulate(MATH_TASKS, accuracy=1.0)
+    traces = tmp_path / "traces.jsonl"
+    workers = [spawn(f, harness.broker.url, traces) for f in ("simple_agent", "math")]
+    try:
+        start = harness.start(with_tools(math_rows[0]), run_id="tr1")
+        sid = session_id("tr1", 0, 0)
+        roots = RolloutSpans()
+        with roots.submitting(start, sid):
+            await harness.submit(start)
+        [result] = await harness.results("tr1", 1, timeout=60)
+        roots.finish(result)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            assert w.wait(timeout=30) == 0, w.stderr.read().decode() if w.stderr else ""
+    assert result.reward == 1.0
+
+    spans = [spanfile.record(s) for s in memory.get_finished_spans()] + spanfile.load(traces)
+    assert {s.trace_id for s in spans} == {spans[0].trace_id}, "exactly one trace"
+    assert {s.service for s in spans} >= {"gymbus-test", "gymbus-simple_agent", "gymbus-math"}
+    [root] = [s for s in spans if s.parent_id is None]
+    assert root.name == "invoke_agent simple_agent" and root.service == "gymbus-test"
+    assert root.attributes[semconv.GEN_AI_CONVERSATION_ID] == sid
+    assert root.attributes[semconv.REWARD] == 1.0
+
+    hops = [s.name for s in children(spans, root)]
+    assert hops == [
+        "send gym.agent.simple_agent",
+        "process gym.agent.simple_agent",
+        "process gym.tool.math",
+        "process gym.agent.simple_agent",
+        "process gym.verify.math",
+    ]
+    for hop in by_name(spans, "process "):
+        a = hop.attributes
+        assert hop.kind == "consumer" and hop.parent_id == root.span_id
+        assert a[semconv.MESSAGING_SYSTEM] == "nats" and a[semconv.MESSAGING_OPERATION_TYPE] == "process"
+        assert a[semconv.MESSAGING_DESTINATION_NAME] == hop.name.split(" ")[1]
+        assert a[semconv.MESSAGING_CONSUMER_GROUP_NAME] in ("agent-simple_agent", "tool-math", "verify-math")
+        assert a[semconv.MESSAGING_MESSAGE_CONVERSATION_ID] == sid and a[semconv.OUTCOME] == "ack"
+        assert a[semconv.QUEUE_WAIT] >= 0
+
+    first, second = by_name(spans, "process gym.agent")
+    for turn, finish in ((first, "tool_calls"), (second, "stop")):
+        chat, send = children(spans, turn)
+        assert chat.name == "chat policy" and chat.kind == "client" and send.kind == "producer"
+        a = chat.attributes
+        assert a[semconv.GEN_AI_OPERATION_NAME] == "chat" and a[semconv.GEN_AI_PROVIDER_NAME] == "openai"
+        assert a[semconv.GEN_AI_REQUEST_MODEL] == "policy" and a[semconv.GEN_AI_CONVERSATION_ID] == sid
+        assert a[semconv.GEN_AI_REQUEST_TEMPERATURE] == 1.0 and a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] > 0
+        assert a[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == [finish]
+        assert semconv.GEN_AI_INPUT_MESSAGES not in a, "content is recorded only when opted in"
+        [http] = children(spans, chat)  # aiohttp instrumentation, in the worker process
+        [server] = children(spans, http)  # the simulated policy (in this process), via traceparent over HTTP
+        assert http.kind == "client" and server.kind == "server" and server.service == "gymbus-test"
+    assert [s.name for s in children(spans, first)][1] == "send gym.tool.math"
+
+    [tools] = by_name(spans, "process gym.tool.math")
+    tool, send = children(spans, tools)
+    assert tool.name == "execute_tool calculator" and send.name == "send gym.agent.simple_agent"
+    assert tool.attributes[semconv.GEN_AI_TOOL_NAME] == "calculator"
+    assert tool.attributes[semconv.GEN_AI_TOOL_CALL_ID] == result.output[0]["call_id"]
+
+    [verify_hop] = by_name(spans, "process gym.verify.math")
+    verify, publish = children(spans, verify_hop)
+    assert verify.name == "verify math" and verify.attributes[semconv.REWARD] == 1.0
+    assert publish.name == "send gym.result.tr1" and publish.kind == "producer"
+
+
+async def test_a_start_without_trace_context_still_makes_one_trace(
+    harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A foreign publisher sends no traceparent: the first hop becomes the rollout's root."""
+    monkeypatch.setattr(tracing, "CAPTURE_CONTENT", True)
+    await harness.simulate(MATH_TASKS, accuracy=1.0)
+    await harness.worker("simple_agent")
+    await harness.worker("math")
+    start = harness.start(with_tools(math_rows[1]), run_id="tr2")
+    await publish_raw(harness.js, "gym.agent.simple_agent", encoder.encode(start), {"Nats-Msg-Id": "foreign-1"})
+    [result] = await harness.results("tr2", 1)
+    await harness.stop_workers()
+    assert result.reward == 1.0
+
+    spans = [spanfile.record(s) for s in memory.get_finished_spans()]
+    assert len({s.trace_id for s in spans}) == 1
+    [root] = [s for s in spans if s.parent_id is None]
+    assert root.name == "process gym.agent.simple_agent"
+    hops = [s.name for s in children(spans, root) if s.name.startswith("process")]
+    assert hops == ["process gym.tool.math", "process gym.agent.simple_agent", "process gym.verify.math"]
+
+    # opted in: prompts, outputs and tool arguments/results are on the spans
+    first_chat = by_name(spans, "chat policy")[0]
+    sent = json.loads(first_chat.attributes[semconv.GEN_AI_INPUT_MESSAGES])
+    assert sent[0]["role"] == "user" and "boxed" in sent[0]["parts"][0]["content"]
+    said = json.loads(first_chat.attributes[semconv.GEN_AI_OUTPUT_MESSAGES])
+    assert said[0]["parts"][0]["type"] == "tool_call" and said[0]["parts"][0]["name"] == "calculator"
+    [tool] = by_name(spans, "execute_tool")
+    assert tool.attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == str(math_rows[1]["expected_answer"])
