@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker runtime functions tests
+	$(BIN)/ruff check broker runtime functions tests bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
