@@ -28,7 +28,10 @@ def bench(
     rollouts: Annotated[
         int | None, typer.Option(help="Rollouts per configuration (default 4 x C + 200; --quick: 12).")
     ] = None,
-    seconds: Annotated[float, typer.Option(help="Longest submission phase per configuration.")] = 20.0,
+    seconds: Annotated[
+        float,
+        typer.Option(help="Measured seconds per configuration (after its first C Results; 3x that at most in all)."),
+    ] = 20.0,
     drain_s: Annotated[float, typer.Option(help="Longest wait for rollouts in flight after it.")] = 60.0,
     worker_concurrency: Annotated[
         int | None, typer.Option(help="Messages per worker and subject (default max(64, C/W)).")

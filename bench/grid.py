@@ -46,7 +46,7 @@ class Bounds:
     rollouts: int | None = None
     """Rollouts to submit (None: 4 x C + 200)."""
     seconds: float = 20.0
-    """Longest submission phase."""
+    """Longest submission phase once warmed up (the first C Results in); at most 3x that from the start."""
     drain_s: float = 60.0
     """Longest wait for the rollouts in flight once submission stopped."""
     warmup: int = 8

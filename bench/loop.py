@@ -76,10 +76,11 @@ class ClosedLoop:
         self._on_warm: Mark | None = None
 
     async def run(self, n: int, seconds: float, drain_s: float, on_warm: Mark, on_stop: Mark) -> Outcome:
-        """Submit up to ``n`` rollouts for up to ``seconds``; wait up to ``drain_s`` for the rest.
+        """Submit up to ``n`` rollouts, for ``seconds`` past the warm-up; wait up to ``drain_s`` for the rest.
 
         The window opens when the first C Results are in (the start-up burst is over) and closes when
-        submission stops; ``on_warm`` and ``on_stop`` are called at those two moments."""
+        submission stops; ``on_warm`` and ``on_stop`` are called at those two moments. If it never
+        opens (too few rollouts), the whole run is the window."""
         subject = topology.result_subject(self.starts.run_id)
         sub = await self.nc.subscribe(subject, cb=self._on_result, pending_msgs_limit=-1, pending_bytes_limit=-1)
         self._warm_at, self._on_warm = min(self.concurrency, max(1, n // 4)), on_warm
@@ -87,14 +88,15 @@ class ClosedLoop:
             await self._submit(n, seconds)
             self.out.window_end = time.perf_counter()
             on_stop()
-            if self.out.window_start == 0.0:  # too few rollouts to open the window: measure all of it
-                self.out.window_start = min(r.submitted for r in self.out.rollouts.values())
             try:
                 await asyncio.wait_for(self._done.wait(), timeout=drain_s)
             except TimeoutError:
                 pass
         finally:
             await sub.unsubscribe()
+        if not 0.0 < self.out.window_start < self.out.window_end:
+            self.out.window_start = min(r.submitted for r in self.out.rollouts.values())
+            self.out.window_end = max((r.received or 0.0) for r in self.out.rollouts.values())
         self.out.stored = await self._stored(subject)
         return self.out
 
@@ -108,11 +110,11 @@ class ClosedLoop:
             await asyncio.sleep(0.1)
 
     async def _submit(self, n: int, seconds: float) -> None:
-        deadline = time.perf_counter() + seconds
+        t0 = time.perf_counter()
         pending: set[asyncio.Task[None]] = set()
         for i in range(n):
             await self._slots.acquire()
-            if time.perf_counter() > deadline:
+            if self._over(t0, seconds):
                 self.out.hit_time_bound = True
                 self._slots.release()
                 break
@@ -124,6 +126,11 @@ class ClosedLoop:
             await asyncio.gather(*pending)
         if self._received >= self._want:
             self._done.set()
+
+    def _over(self, t0: float, seconds: float) -> bool:
+        """``seconds`` past the warm-up, or three times that since the start if it never warmed up."""
+        now, warm = time.perf_counter(), self.out.window_start
+        return now - warm > seconds if warm else now - t0 > 3 * seconds
 
     async def _start(self, i: int) -> None:
         start = self.starts(i)
