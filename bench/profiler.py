@@ -1,7 +1,9 @@
 """py-spy attached to worker processes during the measured window (optional: needs py-spy and ptrace).
 
 Each worker's samples land in ``<name>.txt`` as collapsed stacks (py-spy's ``raw`` format: one line
-per stack, frames joined by ``;``, then the sample count), which `bench.flame` summarizes.
+per stack, frames joined by ``;``, then the sample count), which `bench.flame` summarizes. Only
+samples of a thread holding the GIL are kept (``--gil``): the profile is where Python time goes;
+time in syscalls (socket writes, epoll) is in the process CPU figures, not here.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Profiler:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         for name, pid in self.pids.items():
-            cmd = [exe, "record", "--pid", str(pid), "--rate", str(self.rate_hz), "--nonblocking"]
+            cmd = [exe, "record", "--pid", str(pid), "--rate", str(self.rate_hz), "--nonblocking", "--gil"]
             cmd += ["--format", "raw", "--output", str(self.folder / f"{name}.txt")]
             log_file = open(self.folder / f"{name}.py-spy.log", "wb")
             self._procs[name] = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
