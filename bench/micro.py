@@ -170,8 +170,7 @@ async def model_call(n: int, folder: Path) -> list[dict[str, Any]]:
 
 
 async def main(n: int = 2000, folder: Path = Path("runs/bench-micro")) -> list[dict[str, Any]]:
-    rows = cpu_only(n)
-    rows += await model_call(n, folder)
+    rows = await model_call(n, folder)
     for sync in (True, False):
         rows += await broker_ops(sync, n)
     return rows
@@ -188,7 +187,7 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 
 if __name__ == "__main__":
-    out = asyncio.run(main())
+    out = cpu_only(2000) + asyncio.run(main())
     for r in out:
         print(json.dumps(r))
     Console(stderr=True, width=160).print(table(out))
