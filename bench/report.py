@@ -51,6 +51,7 @@ def hop_parts(r: Rollout) -> dict[str, float]:
     work = t.model_s + t.tool_s + t.verify_s
     return {
         "overhead": (r.e2e_s - work) / hops,
+        "overhead_with_verify": (r.e2e_s - t.model_s - t.tool_s) / hops,
         "queue": t.queue_s / hops,
         "in_handler": (t.handler_s - work) / hops,
     }
@@ -85,6 +86,8 @@ def figures(c: Config, out: Outcome, usage: Usage, submitted: int) -> dict[str, 
         "e2e_ms_p99": _ms(pct([r.e2e_s for r in measured], 99)),
         "overhead_per_hop_ms_p50": _ms(pct([p["overhead"] for p in parts], 50)),
         "overhead_per_hop_ms_p99": _ms(pct([p["overhead"] for p in parts], 99)),
+        "overhead_with_verify_per_hop_ms_p50": _ms(pct([p["overhead_with_verify"] for p in parts], 50)),
+        "overhead_with_verify_per_hop_ms_p99": _ms(pct([p["overhead_with_verify"] for p in parts], 99)),
         "queue_per_hop_ms_p50": _ms(pct([p["queue"] for p in parts], 50)),
         "in_handler_per_hop_ms_p50": _ms(pct([p["in_handler"] for p in parts], 50)),
         "model_call_ms_p50": _ms(pct([x.timings.model_s / max(1, x.timings.model_calls) for x in results], 50)),
