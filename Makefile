@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker runtime functions tests images
+	$(BIN)/ruff check broker runtime functions tests images bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -23,7 +23,14 @@ PUBLISH_BUDGET_S = 120.0
 async def publish_raw(
     js: JetStreamContext, subject: str, payload: bytes, headers: dict[str, str] | None = None
 ) -> PubAck:
-    """Publish and wait for the stream's ack, retrying unknown outcomes for up to two minutes."""
+    """Publish and wait for the stream's ack, retrying unknown outcomes for up to two minutes.
+
+    The first try goes straight to the client: building a retry context costs 25-40 µs of CPU, a
+    fair share of a publish's, and almost every publish succeeds at once (bench/README.md)."""
+    try:
+        return await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S, headers=headers)
+    except RETRY_ON:
+        pass  # unknown outcome: publishing the same id again is safe
     async for attempt in stamina.retry_context(on=RETRY_ON, timeout=PUBLISH_BUDGET_S, wait_max=2.0, attempts=None):
         with attempt:
             return await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S, headers=headers)

@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -43,6 +44,16 @@ def _logging(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO if os.environ.get("GYMBUS_LOG") == "info" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def _event_loop_run(main: Coroutine[Any, Any, None]) -> None:
+    """asyncio.run, or uvloop's when GYMBUS_UVLOOP=1 (opt-in; `pip install uvloop`)."""
+    if os.environ.get("GYMBUS_UVLOOP") == "1":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -178,7 +189,7 @@ def worker(
         tracing.configure(f"gymbus-{fn.name}")
     except tracing.TracingError as exc:
         raise _fail(str(exc)) from None
-    asyncio.run(serve(w))
+    _event_loop_run(serve(w))
 
 
 @app.command()
@@ -387,6 +398,14 @@ def traces(
     for r in report.slowest(rollouts, slowest):
         console.print()
         console.print(report.waterfall(r, width))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def bench(ctx: typer.Context) -> None:
+    """Measure gymbus's own overhead on the real stack with the simulated policy (`gymbus bench --help`)."""
+    from bench.cli import main as bench_main
+
+    bench_main(ctx.args, prog_name="gymbus bench")
 
 
 def main() -> None:
