@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -115,6 +115,12 @@ def _print_summary(summary: object) -> None:
     table.add_row("wall time", f"{summary.wall_s:.1f} s")
     table.add_row("run folder", str(summary.run_dir))
     console.print(table)
+    if summary.profile is not None:
+        from runtime.tables import profile_table
+
+        console.print()
+        console.print(profile_table(summary.profile))
+        console.print(f"\n report  {summary.run_dir / 'report.html'}")
 
 
 @app.command()
@@ -186,6 +192,174 @@ def simulate(
         raise _fail(f"--tasks file {missing[0]!r} does not exist")
     sim = Simulator(load_answer_key(tasks), SimConfig(accuracy=accuracy, latency_ms=latency_ms, seed=seed, model=model))
     run(sim, host, port)
+
+
+@app.command()
+def profile(
+    run_dir: Annotated[
+        Path | None, typer.Argument(help="A run folder, e.g. runs/<run_id>/: profiled offline, no broker needed.")
+    ] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="A run id: its live profile, as the profiler last stored it.")
+    ] = None,
+    nats: NatsOpt = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder of run folders (finds a running embedded broker).")
+    ] = Path("runs"),
+    pass_threshold: Annotated[
+        float | None,
+        typer.Option("--pass-threshold", help="Offline: a rollout passes when reward >= this (default: the config's)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {profile, tasks} as JSON.")] = False,
+    write: Annotated[
+        bool, typer.Option("--write/--no-write", help="Offline: (re)write profile.json, tasks.jsonl, report.html.")
+    ] = True,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Live: redraw every second until the run is complete.")
+    ] = False,
+) -> None:
+    """Reward profile of a run: rewards, pass@k, majority@k, failures by kind, latency per hop, throughput.
+
+    Offline, `gymbus profile runs/<run_id>/` reads rollouts.jsonl and writes profile.json, tasks.jsonl
+    and the self-contained report.html into the folder. Live, `gymbus profile --run RUN_ID` shows the
+    snapshot the profiling consumer keeps in the broker while the run goes (`gymbus profiler`; `gymbus
+    collect` starts one); the broker is --nats, GYMBUS_NATS_URL, or the embedded one of a running collect.
+    """
+    from runtime.profile import ProfileError
+
+    if (run_dir is None) == (run is None):
+        raise _fail("give a run folder (offline) or --run RUN_ID (live), not both")
+    try:
+        if run_dir is not None:
+            _offline_profile(run_dir, pass_threshold, as_json, write)
+        else:
+            if pass_threshold is not None:
+                raise _fail("--pass-threshold applies to offline profiles; a live one uses the run's config")
+            url = nats or _live_broker(output, run)
+            asyncio.run(_live_profile(url, run or "", as_json, watch))
+    except ProfileError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _offline_profile(run_dir: Path, pass_threshold: float | None, as_json: bool, write: bool) -> None:
+    import msgspec
+
+    from runtime import profile as profiling
+    from runtime.report import write_all
+    from runtime.tables import profile_table
+
+    if write:
+        write_all(run_dir, pass_threshold)
+    info, _, samples = profiling.load(run_dir, pass_threshold)
+    prof, tasks = profiling.build(info, samples, source="offline")
+    if as_json:
+        print(msgspec.json.encode({"profile": prof, "tasks": tasks}).decode())
+        return
+    console.print(profile_table(prof))
+    if write:
+        console.print(f"\n wrote  {run_dir / 'profile.json'}, tasks.jsonl, report.html")
+
+
+def _live_broker(output: Path, run_id: str | None) -> str:
+    from runtime.status import live_broker
+
+    url = live_broker(output, run_id)
+    if url is None:
+        where = f"{output / run_id}" if run_id else f"{output}/*"
+        raise _fail(f"no broker: give --nats URL or set GYMBUS_NATS_URL (no running collect in {where})")
+    return url
+
+
+async def _live_profile(url: str, run_id: str, as_json: bool, watch: bool) -> None:
+    import msgspec
+    from rich.live import Live
+
+    from runtime.profiler import read_snapshot
+    from runtime.tables import profile_table
+
+    nc = await _reach(url)
+    try:
+        snap = await read_snapshot(nc.jetstream(), run_id)
+        if snap is None:
+            raise _fail(
+                f"no live profile of run {run_id!r} at {url}: is a profiler running (`gymbus profiler --nats URL`)?"
+            )
+        if as_json:
+            print(msgspec.json.encode(snap).decode())
+            return
+        if not watch:
+            console.print(profile_table(snap.profile))
+            return
+        with Live(profile_table(snap.profile), console=console, refresh_per_second=2) as live:
+            while (snap.profile.completion or 0) < 1:
+                await asyncio.sleep(1)
+                snap = await read_snapshot(nc.jetstream(), run_id) or snap
+                live.update(profile_table(snap.profile))
+    finally:
+        await nc.close()
+
+
+async def _reach(url: str) -> Any:
+    from broker.connect import connect
+
+    try:
+        return await connect(url, name="gymbus-cli", connect_timeout_s=5)
+    except Exception as exc:
+        raise _fail(f"cannot reach the broker at {url}: {exc}") from None
+
+
+@app.command()
+def profiler(
+    nats: NatsOpt = None,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between two snapshots of a run while Results arrive.")
+    ] = 0.5,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the profiling consumer: fold every Result into its run's live profile, until SIGTERM.
+
+    One durable consumer ("profiler") on gym.result.>; each run's profile is stored in the runs KV
+    bucket as <run_id>.profile, read by `gymbus profile --run` and `gymbus status`. Restarts and
+    redeliveries never count a Result twice (a run is a fold of its stream subject, acked only once stored).
+    """
+    from runtime.profiler import Profiler, serve
+
+    _logging(verbose)
+    if not nats:
+        raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
+    asyncio.run(serve(Profiler(nats, interval_s=interval)))
+
+
+@app.command()
+def status(
+    nats: NatsOpt = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder of run folders (finds a running embedded broker).")
+    ] = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print runs and consumers as JSON.")] = False,
+) -> None:
+    """Runs the broker knows (progress, mean reward, pass@1, failures, rate) and every consumer's backlog."""
+    import msgspec
+
+    from runtime import status as broker_status
+    from runtime.tables import status_table
+
+    url = nats or _live_broker(output, None)
+
+    async def gather() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+        nc = await _reach(url)
+        try:
+            js = nc.jetstream()
+            return await broker_status.runs(js), await broker_status.consumers(js)
+        finally:
+            await nc.close()
+
+    runs, consumers = asyncio.run(gather())
+    if as_json:
+        print(msgspec.json.encode({"broker": url, "runs": runs, "consumers": consumers}).decode())
+        return
+    console.print(f"broker {url}")
+    console.print(status_table(runs, consumers))
 
 
 def main() -> None:
