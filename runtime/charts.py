@@ -188,7 +188,8 @@ def cdf(name: str, values: dict[str, Sequence[float]], *, x_title: str, fmt: Cal
     body = _y_axis([0, 0.25, 0.5, 0.75, 1.0], y, "share of rollouts", lambda t: f"{t:.0%}")
     decade = lo
     while decade <= hi * 1.001:
-        body.append(_text(x(decade), H - BOTTOM + 15, fmt(decade)))
+        anchor = "end" if decade * 10 > hi * 1.001 else "middle"  # the last label stays inside the frame
+        body.append(_text(x(decade), H - BOTTOM + 15, fmt(decade), anchor=anchor))
         decade *= 10
     series = []
     for i, (label, vs) in enumerate(values.items()):

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -214,9 +214,7 @@ def profile(
     write: Annotated[
         bool, typer.Option("--write/--no-write", help="Offline: (re)write profile.json, tasks.jsonl, report.html.")
     ] = True,
-    watch: Annotated[
-        bool, typer.Option("--watch", help="Live: redraw every second until the run is complete.")
-    ] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Live: redraw every second until the run completes.")] = False,
 ) -> None:
     """Reward profile of a run: rewards, pass@k, majority@k, failures by kind, latency per hop, throughput.
 
@@ -225,87 +223,20 @@ def profile(
     snapshot the profiling consumer keeps in the broker while the run goes (`gymbus profiler`; `gymbus
     collect` starts one); the broker is --nats, GYMBUS_NATS_URL, or the embedded one of a running collect.
     """
+    from runtime import status as st
     from runtime.profile import ProfileError
 
     if (run_dir is None) == (run is None):
         raise _fail("give a run folder (offline) or --run RUN_ID (live), not both")
+    if run is not None and pass_threshold is not None:
+        raise _fail("--pass-threshold applies to offline profiles; a live one uses the run's config")
     try:
         if run_dir is not None:
-            _offline_profile(run_dir, pass_threshold, as_json, write)
+            st.offline(console, run_dir, pass_threshold, as_json=as_json, write=write)
         else:
-            if pass_threshold is not None:
-                raise _fail("--pass-threshold applies to offline profiles; a live one uses the run's config")
-            url = nats or _live_broker(output, run)
-            asyncio.run(_live_profile(url, run or "", as_json, watch))
-    except ProfileError as exc:
+            asyncio.run(st.live(console, nats or st.live_broker(output, run), run or "", as_json=as_json, watch=watch))
+    except (ProfileError, st.StatusError) as exc:
         raise _fail(str(exc)) from None
-
-
-def _offline_profile(run_dir: Path, pass_threshold: float | None, as_json: bool, write: bool) -> None:
-    import msgspec
-
-    from runtime import profile as profiling
-    from runtime.report import write_all
-    from runtime.tables import profile_table
-
-    if write:
-        write_all(run_dir, pass_threshold)
-    info, _, samples = profiling.load(run_dir, pass_threshold)
-    prof, tasks = profiling.build(info, samples, source="offline")
-    if as_json:
-        print(msgspec.json.encode({"profile": prof, "tasks": tasks}).decode())
-        return
-    console.print(profile_table(prof))
-    if write:
-        console.print(f"\n wrote  {run_dir / 'profile.json'}, tasks.jsonl, report.html")
-
-
-def _live_broker(output: Path, run_id: str | None) -> str:
-    from runtime.status import live_broker
-
-    url = live_broker(output, run_id)
-    if url is None:
-        where = f"{output / run_id}" if run_id else f"{output}/*"
-        raise _fail(f"no broker: give --nats URL or set GYMBUS_NATS_URL (no running collect in {where})")
-    return url
-
-
-async def _live_profile(url: str, run_id: str, as_json: bool, watch: bool) -> None:
-    import msgspec
-    from rich.live import Live
-
-    from runtime.profiler import read_snapshot
-    from runtime.tables import profile_table
-
-    nc = await _reach(url)
-    try:
-        snap = await read_snapshot(nc.jetstream(), run_id)
-        if snap is None:
-            raise _fail(
-                f"no live profile of run {run_id!r} at {url}: is a profiler running (`gymbus profiler --nats URL`)?"
-            )
-        if as_json:
-            print(msgspec.json.encode(snap).decode())
-            return
-        if not watch:
-            console.print(profile_table(snap.profile))
-            return
-        with Live(profile_table(snap.profile), console=console, refresh_per_second=2) as live:
-            while (snap.profile.completion or 0) < 1:
-                await asyncio.sleep(1)
-                snap = await read_snapshot(nc.jetstream(), run_id) or snap
-                live.update(profile_table(snap.profile))
-    finally:
-        await nc.close()
-
-
-async def _reach(url: str) -> Any:
-    from broker.connect import connect
-
-    try:
-        return await connect(url, name="gymbus-cli", connect_timeout_s=5)
-    except Exception as exc:
-        raise _fail(f"cannot reach the broker at {url}: {exc}") from None
 
 
 @app.command()
@@ -339,27 +270,12 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print runs and consumers as JSON.")] = False,
 ) -> None:
     """Runs the broker knows (progress, mean reward, pass@1, failures, rate) and every consumer's backlog."""
-    import msgspec
+    from runtime import status as st
 
-    from runtime import status as broker_status
-    from runtime.tables import status_table
-
-    url = nats or _live_broker(output, None)
-
-    async def gather() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
-        nc = await _reach(url)
-        try:
-            js = nc.jetstream()
-            return await broker_status.runs(js), await broker_status.consumers(js)
-        finally:
-            await nc.close()
-
-    runs, consumers = asyncio.run(gather())
-    if as_json:
-        print(msgspec.json.encode({"broker": url, "runs": runs, "consumers": consumers}).decode())
-        return
-    console.print(f"broker {url}")
-    console.print(status_table(runs, consumers))
+    try:
+        asyncio.run(st.show(console, nats or st.live_broker(output, None), as_json=as_json))
+    except st.StatusError as exc:
+        raise _fail(str(exc)) from None
 
 
 def main() -> None:

@@ -108,7 +108,7 @@ def _vote(draws: Sequence[int], right: Sequence[float]) -> float:
 
 
 def _exact(sizes: list[int], right: list[float], k: int) -> float:
-    capacity = [*itertools.accumulate(reversed(sizes))][::-1] + [0]  # draws groups i.. can absorb
+    capacity = [*reversed([*itertools.accumulate(reversed(sizes))]), 0]  # draws groups i.. can absorb
     total, score, leaves = 0, 0.0, 0
 
     def walk(i: int, r: int, weight: int, draws: list[int]) -> None:

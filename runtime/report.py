@@ -173,9 +173,9 @@ def _latency(samples: list[Sample]) -> str:
 def _short_seconds(v: float) -> str:
     if v < 1:
         return f"{v * 1000:g} ms"
-    if v < 60:
+    if v < 1000:
         return f"{v:g} s"
-    return f"{v / 60:g} min"
+    return f"{v / 3600:.3g} h"
 
 
 # --- the rollout browser -------------------------------------------------------------------------
@@ -218,7 +218,12 @@ def conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(params.get("instructions"), str):
         items.append({"type": "message", "role": "system", "content": params["instructions"]})
     given = params.get("input")
-    items += [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+    if isinstance(given, str):
+        items.append({"type": "message", "role": "user", "content": given})
+    elif isinstance(given, list):
+        items += given
+    elif given is not None:  # not valid input (the rollout failed on it): shown as it is
+        items.append(given)
     items += (row.get("response") or {}).get("output") or []
     return [_item(i) for i in items]
 

@@ -1,19 +1,93 @@
-"""``gymbus status`` and ``gymbus profile --run``: what the broker knows of runs, read without consuming anything."""
+"""``gymbus profile`` and ``gymbus status``: profiles and runs, offline from a folder or live from the broker.
+
+Nothing here consumes: the live views read the profiler's snapshots and the consumers' state.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
+from rich.console import Console
+from rich.live import Live
 
 from broker import topology
+from broker.connect import connect
+from runtime import profile
 from runtime.profiler import read_snapshot
+from runtime.report import write_all
+from runtime.tables import profile_table, status_table
 
 
-def live_broker(output: str | Path, run_id: str | None = None) -> str | None:
+class StatusError(RuntimeError):
+    """No broker to ask, or nothing there yet; the message says what to do."""
+
+
+def offline(console: Console, run_dir: Path, pass_threshold: float | None, *, as_json: bool, write: bool) -> None:
+    """Profile a run folder, (re)write its profile files unless told not to, and print the profile."""
+    if write:
+        write_all(run_dir, pass_threshold)
+    info, _, samples = profile.load(run_dir, pass_threshold)
+    prof, tasks = profile.build(info, samples, source="offline")
+    if as_json:
+        print(msgspec.json.encode({"profile": prof, "tasks": tasks}).decode())
+        return
+    console.print(profile_table(prof))
+    if write:
+        console.print(f"\n wrote  {run_dir / 'profile.json'}, tasks.jsonl, report.html")
+
+
+async def live(console: Console, url: str, run_id: str, *, as_json: bool, watch: bool) -> None:
+    """Print a run's live profile (the profiler's snapshot); with ``watch``, redraw until the run completes."""
+    nc = await reach(url)
+    try:
+        js = nc.jetstream()
+        snap = await read_snapshot(js, run_id)
+        if snap is None:
+            raise StatusError(f"no live profile of run {run_id!r} at {url}: is a profiler running (`gymbus profiler`)?")
+        if as_json:
+            print(msgspec.json.encode(snap).decode())
+        elif not watch:
+            console.print(profile_table(snap.profile))
+        else:
+            with Live(profile_table(snap.profile), console=console, refresh_per_second=2) as view:
+                while (snap.profile.completion or 0.0) < 1.0:
+                    await asyncio.sleep(1.0)
+                    snap = await read_snapshot(js, run_id) or snap
+                    view.update(profile_table(snap.profile))
+    finally:
+        await nc.close()
+
+
+async def show(console: Console, url: str, *, as_json: bool) -> None:
+    """Print the runs the broker knows and every durable consumer's backlog."""
+    nc = await reach(url)
+    try:
+        js = nc.jetstream()
+        found, backlog = await runs(js), await consumers(js)
+    finally:
+        await nc.close()
+    if as_json:
+        print(msgspec.json.encode({"broker": url, "runs": found, "consumers": backlog}).decode())
+        return
+    console.print(f"broker {url}")
+    console.print(status_table(found, backlog))
+
+
+async def reach(url: str) -> Client:
+    try:
+        return await connect(url, name="gymbus-cli", connect_timeout_s=5.0)
+    except Exception as exc:
+        raise StatusError(f"cannot reach the broker at {url}: {exc}") from None
+
+
+def live_broker(output: str | Path, run_id: str | None = None) -> str:
     """The broker URL of a run still going in ``output`` (its metadata.json has no ``finished_at``).
 
     With ``run_id``, that run's; otherwise the most recently started one. This is how the CLI finds
@@ -29,7 +103,10 @@ def live_broker(output: str | Path, run_id: str | None = None) -> str | None:
             continue
         if meta.get("nats_url") and "finished_at" not in meta:
             live.append((meta.get("started_at") or 0.0, meta["nats_url"]))
-    return max(live)[1] if live else None
+    if not live:
+        where = Path(output) / run_id if run_id else Path(output) / "*"
+        raise StatusError(f"no broker: give --nats URL or set GYMBUS_NATS_URL (no running collect in {where})")
+    return max(live)[1]
 
 
 async def runs(js: JetStreamContext) -> list[dict[str, Any]]:
