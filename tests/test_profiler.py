@@ -1,4 +1,4 @@
-"""The profiling consumer on a real broker: each Result counted once through kills, restarts, replicas and duplicates."""
+"""The profiling consumer on a real broker: each Result counted once through kills, restarts, replicas, duplicates."""
 
 from __future__ import annotations
 
