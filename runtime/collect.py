@@ -35,6 +35,7 @@ from broker.sessions import SessionStore
 from runtime.config import RunConfig
 from runtime.handlers import publish_orphan_failure
 from runtime.model_client import register
+from runtime.profile import Profile
 from runtime.progress import RunProgress
 from runtime.sdk import Environment, load
 from runtime.stack import LocalStack
@@ -160,8 +161,8 @@ class Summary:
     submitted: int
     results: dict[str, Result] = field(default_factory=dict)
     wall_s: float = 0.0
-    profile: Any = None
-    """The run's Profile (runtime.profile), written with the run folder."""
+    profile: Profile | None = None
+    """The run's reward profile, written with the run folder (None if profiling it failed)."""
 
     @property
     def failures(self) -> Counter[str]:
@@ -355,7 +356,7 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
     return summary
 
 
-def _write_profile(run_dir: Path) -> Any:
+def _write_profile(run_dir: Path) -> Profile | None:
     """profile.json, tasks.jsonl and report.html; a profiling error is reported, never loses the run."""
     from runtime.report import write_all
 

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from broker import inspect, topology
@@ -269,10 +269,10 @@ async def manifest(kv: KeyValue, run_id: str) -> RunInfo | None:
 
 async def read_snapshot(js: JetStreamContext, run_id: str) -> Snapshot | None:
     """The latest snapshot of a run, or None if the profiler has not written one."""
-    kv = await js.key_value(topology.RUNS)
     try:
+        kv = await js.key_value(topology.RUNS)
         entry = await kv.get(topology.profile_key(run_id))
-    except KeyNotFoundError:
+    except (BucketNotFoundError, KeyNotFoundError):
         return None
     return snapshot_decoder.decode(entry.value or b"")
 

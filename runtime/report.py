@@ -181,12 +181,14 @@ def _short_seconds(v: float) -> str:
 # --- the rollout browser -------------------------------------------------------------------------
 
 
-def browser_rows(rows: list[dict[str, Any]], threshold: float) -> tuple[list[dict[str, Any]], int]:
-    """What the browser shows of each rollout (up to MAX_ROLLOUTS), and how many there are."""
+def browser_rows(
+    rows: list[dict[str, Any]], threshold: float, limit: int = MAX_ROLLOUTS
+) -> tuple[list[dict[str, Any]], int]:
+    """What the browser shows of each rollout (up to ``limit``, failed ones first), and how many there are."""
     ordered = sorted(
         rows, key=lambda r: (r.get("reward") is not None, r.get("task_index", 0), r.get("rollout_index", 0))
     )
-    kept = sorted(ordered[:MAX_ROLLOUTS], key=lambda r: (r.get("task_index", 0), r.get("rollout_index", 0)))
+    kept = sorted(ordered[:limit], key=lambda r: (r.get("task_index", 0), r.get("rollout_index", 0)))
     return [_rollout(r, threshold) for r in kept], len(rows)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 from rich.console import Console
 from rich.live import Live
 
@@ -111,11 +111,11 @@ def live_broker(output: str | Path, run_id: str | None = None) -> str:
 
 async def runs(js: JetStreamContext) -> list[dict[str, Any]]:
     """Every run with a manifest or a profile in the ``runs`` bucket, newest first."""
-    kv = await js.key_value(topology.RUNS)
     try:
+        kv = await js.key_value(topology.RUNS)
         keys = await kv.keys()
-    except NoKeysError:
-        keys = []
+    except (BucketNotFoundError, NoKeysError):  # a broker no gymbus process has set up, or no run yet
+        return []
     ids = sorted({k.rsplit(".", 1)[0] for k in keys if k.endswith((".manifest", ".profile"))})
     out = []
     for run_id in ids:

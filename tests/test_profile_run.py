@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -153,6 +154,7 @@ def test_final_live_profile_equals_the_offline_profile(live_run: LiveRun) -> Non
         done = gymbus("profile", "--run", RUN, "--nats", server.url, "--json")
         table = gymbus("profile", "--run", RUN, "--nats", server.url)
         status = gymbus("status", "--nats", server.url, "--json")
+        status_table = gymbus("status", "--nats", server.url)
     assert done.exit_code == 0, done.output
     live = json.loads(done.stdout)
     assert live["profile"]["source"] == "live" and live["profile"]["present"] == 100
@@ -166,6 +168,8 @@ def test_final_live_profile_equals_the_offline_profile(live_run: LiveRun) -> Non
     assert runs[RUN]["profile"]["present"] == 100 and runs[RUN]["expected"] == 100
     consumers = {c["name"]: c for c in json.loads(status.stdout)["consumers"]}
     assert consumers["profiler"]["pending"] == 0 and consumers["profiler"]["ack_pending"] == 0
+    assert {"agent-simple_agent", "tool-math", "verify-math"} <= consumers.keys()
+    assert re.search(r"live1\s+100 / 100\s+100%\s+0\.\d+", status_table.stdout), status_table.stdout
 
 
 def test_offline_profile_command(live_run: LiveRun, tmp_path: Path) -> None:
