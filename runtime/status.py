@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
@@ -18,7 +20,6 @@ from rich.console import Console
 from rich.live import Live
 
 from broker import topology
-from broker.connect import connect
 from runtime import profile
 from runtime.profiler import read_snapshot
 from runtime.report import write_all
@@ -81,10 +82,24 @@ async def show(console: Console, url: str, *, as_json: bool) -> None:
 
 
 async def reach(url: str) -> Client:
+    """A short-lived connection for a look: it fails at once instead of reconnecting forever as workers do."""
     try:
-        return await connect(url, name="gymbus-cli", connect_timeout_s=5.0)
+        return await nats.connect(
+            url,
+            name="gymbus-cli",
+            connect_timeout=3,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,  # nats-py's first connect otherwise tries 60 times, 2 s apart
+            reconnect_time_wait=0.2,
+            error_cb=_quiet,
+            user_credentials=os.environ.get("NATS_CREDS") or None,
+        )
     except Exception as exc:
-        raise StatusError(f"cannot reach the broker at {url}: {exc}") from None
+        raise StatusError(f"cannot reach the broker at {url}: {exc or type(exc).__name__}") from None
+
+
+async def _quiet(exc: Exception) -> None:
+    """The failure is reported once, by `reach`; nats-py would log a traceback per attempt."""
 
 
 def live_broker(output: str | Path, run_id: str | None = None) -> str:

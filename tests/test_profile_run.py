@@ -6,6 +6,7 @@ One run (the 24 quickstart tasks plus one invalid row, x 4 repeats) serves every
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import msgspec
 import pytest
 import yaml
 from click.testing import Result
+from rich.console import Console
 from typer.testing import CliRunner
 
 from broker import inspect, topology
@@ -26,7 +28,7 @@ from broker.connect import connect
 from broker.schemas import result_decoder
 from broker.server import EmbeddedServer
 from conftest import MATH_TASKS, ROOT
-from runtime import profile
+from runtime import profile, status
 from runtime.cli import app
 from runtime.profile import Sample
 from runtime.profiler import Snapshot, read_snapshot
@@ -41,6 +43,8 @@ class LiveRun:
     stdout: str
     mid: Snapshot
     """A live snapshot read from the broker while the run was going."""
+    mid_views: str
+    """What `gymbus profile --run` and `gymbus status` printed then, finding the broker from the run folder."""
 
 
 def write_config(tmp: Path) -> Path:
@@ -72,11 +76,15 @@ async def collect_watching(config: Path, run_dir: Path) -> LiveRun:
                 await asyncio.sleep(0.05)
         finally:
             await nc.close()
+        views = io.StringIO()
+        console = Console(file=views, width=200)
+        await status.live(console, status.live_broker(run_dir.parent, RUN), RUN, as_json=False, watch=False)
+        await status.show(console, status.live_broker(run_dir.parent), as_json=False)
     finally:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, stderr.decode()
     assert mid is not None, "no live snapshot while the run was going"
-    return LiveRun(run_dir, stdout.decode(), mid)
+    return LiveRun(run_dir, stdout.decode(), mid, views.getvalue())
 
 
 async def _broker_url(run_dir: Path, proc: asyncio.subprocess.Process) -> str:
@@ -145,6 +153,13 @@ def test_live_profile_mid_run_agrees_with_the_results_it_had_seen(live_run: Live
     again, tasks = profile.build(profile.run_info(live_run.run_dir), prefix, source="offline")
     assert profile.comparable(again) == profile.comparable(mid)
     assert msgspec.to_builtins(tasks) == msgspec.to_builtins(live_run.mid.tasks)
+
+
+def test_profile_and_status_show_the_run_while_it_goes(live_run: LiveRun) -> None:
+    """Both find the embedded broker of the running collect from its run folder."""
+    views = live_run.mid_views
+    assert "profile of run live1 (live)" in views and "latency per rollout" in views
+    assert re.search(r"live1\s+\d+ / 100\s+\d+%", views) and "profiler" in views and "agent-simple_agent" in views
 
 
 def test_final_live_profile_equals_the_offline_profile(live_run: LiveRun) -> None:
@@ -241,3 +256,14 @@ def test_report_opens_in_headless_chromium(live_run: LiveRun, tmp_path: Path) ->
         browser.close()
     assert errors == [] and requests == []
     assert shot.stat().st_size > 50_000
+
+
+def test_live_views_need_a_running_broker(tmp_path: Path) -> None:
+    done = tmp_path / "runs" / "old"
+    done.mkdir(parents=True)
+    (done / "metadata.json").write_text(json.dumps({"nats_url": "nats://127.0.0.1:1", "finished_at": 1.0}))
+    for args in (["status", "-o", str(tmp_path / "runs")], ["profile", "--run", "old", "-o", str(tmp_path / "runs")]):
+        result = gymbus(*args)
+        assert result.exit_code == 2 and "no broker: give --nats URL" in result.output
+    result = gymbus("profile", "--run", "old", "--nats", "nats://127.0.0.1:1")
+    assert result.exit_code == 2 and "cannot reach the broker at nats://127.0.0.1:1" in result.output
