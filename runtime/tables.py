@@ -22,6 +22,8 @@ def num(x: float | None, digits: int = 3) -> str:
 def seconds(x: float | None) -> str:
     if x is None:
         return "-"
+    if x < 0.001:
+        return f"{x * 1e6:.0f} µs"
     if x < 1:
         return f"{x * 1000:.1f} ms"
     return f"{x:.2f} s"
