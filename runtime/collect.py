@@ -307,17 +307,8 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
             await register(js, cfg.model.name, [u.strip() for u in model_urls.split(",")], cfg.model.api)
 
         runs_kv = await js.key_value(topology.RUNS)
-        fresh = (
-            await _manifest(
-                runs_kv,
-                run_id,
-                len(expected),
-                tasks=len(tasks),
-                repeats=cfg.repeats,
-                pass_threshold=cfg.profile.pass_threshold,
-            )
-            is None
-        )
+        shape = {"tasks": len(tasks), "repeats": cfg.repeats, "pass_threshold": cfg.profile.pass_threshold}
+        fresh = await _manifest(runs_kv, run_id, len(expected), **shape) is None
         await _write_metadata(run_dir, cfg, run_id, len(tasks), len(expected), nats_url, stack, model_urls, t_start)
 
         feed = ResultsFeed(js, run_id)
