@@ -98,7 +98,12 @@ class Profiler:
     runs: dict[str, RunState] = field(default_factory=dict)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
+    drain_s: float = 5.0
+    """On stop, keep folding what is already in the stream for up to this long, then store and exit."""
+    _stopped_at: float = 0.0
+
     def stop(self) -> None:
+        self._stopped_at = time.monotonic()
         self._stopping.set()
 
     async def run(self) -> None:
@@ -118,7 +123,6 @@ class Profiler:
 
     async def _loop(self, js: JetStreamContext, kv: KeyValue, psub: JetStreamContext.PullSubscription) -> None:
         pending: list[NatsMsg] = []
-        last_tries = 5  # when stopping: idle rounds to get the last snapshots stored
         while True:
             stopping = self._stopping.is_set()
             msgs = await _fetch(psub, self.batch, 0.2 if stopping else 1.0)
@@ -126,13 +130,12 @@ class Profiler:
                 await self._apply(js, m)
             pending += msgs
             idle = not msgs
+            done = stopping and (idle or time.monotonic() - self._stopped_at > self.drain_s)
             if pending:
-                await self._flush(kv, force=idle)
+                await self._flush(kv, force=idle or done)
                 pending = await _ack_covered(pending, self.runs)
-            if stopping and idle:
-                last_tries -= 1
-                if not pending or last_tries == 0:
-                    return
+            if done:  # whatever is still unacked goes to the next profiler
+                return
             if idle:
                 self._evict()
 
