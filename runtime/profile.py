@@ -22,7 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from broker.schemas import Result, Timings, Usage
-from runtime.metrics import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
+from runtime.estimators import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
 
 HOPS = ("queue", "model", "tool", "verify", "overhead", "total")
 """Latency rows: time waiting in queues, in model calls, in tools, in the verifier, in gymbus itself, end to end."""

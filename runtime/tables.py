@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from runtime.metrics import Spread
+from runtime.estimators import Spread
 from runtime.profile import HOPS, AtK, Profile
 
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime import metrics
-from runtime.metrics import describe, ks, majority_at_k, majority_vote, pass_at_k, spread
+from runtime import estimators
+from runtime.estimators import describe, ks, majority_at_k, majority_vote, pass_at_k, spread
 
 
 @pytest.mark.parametrize(
@@ -105,9 +105,9 @@ def test_majority_at_1_is_the_pass_rate_when_answers_decide(raw: list[tuple[str 
 
 def test_majority_sampling_estimate_is_close_to_the_exact_value() -> None:
     sizes, right = [2, 5, 4, 3, 1, 1], [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
-    exact = metrics._exact(sizes, right, 6)
-    assert metrics._sampled(sizes, right, 6) == pytest.approx(exact, abs=0.04)
-    assert metrics._sampled(sizes, right, 6) == metrics._sampled(sizes, right, 6)  # reproducible
+    exact = estimators._exact(sizes, right, 6)
+    assert estimators._sampled(sizes, right, 6) == pytest.approx(exact, abs=0.04)
+    assert estimators._sampled(sizes, right, 6) == estimators._sampled(sizes, right, 6)  # reproducible
 
 
 def test_majority_at_k_rejects_k_out_of_range() -> None:
