@@ -7,10 +7,11 @@
     gym.dead.<function>  dead letters       -> operators, `gymbus replay`  (stream GYM_DEAD, kept)
 
     KV sessions  <run_id>.<task>.<rollout>  live rollout state (CAS on the step counter)
-    KV runs      <run_id>...                 run manifests and profiler snapshots
+    KV runs      <run_id>...                 run manifests and profiler snapshots (<run_id>.profile)
     KV models    <model name>                the model's live endpoints
 
-Every function has one durable pull consumer per subject, shared by all its replicas.
+Every function has one durable pull consumer per subject, shared by all its replicas; the profiler
+has one on the results stream (``profiler``, all of ``gym.result.>``).
 `ensure` creates all of it and is idempotent.
 """
 
@@ -24,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    DeliverPolicy,
     DiscardPolicy,
     RetentionPolicy,
     StorageType,
@@ -62,6 +64,19 @@ def result_subject(run_id: str) -> str:
 
 def dead_subject(function: str) -> str:
     return f"gym.dead.{function}"
+
+
+PROFILER = "profiler"
+"""The profiler's durable consumer on the results stream."""
+
+
+def manifest_key(run_id: str) -> str:
+    return f"{run_id}.manifest"
+
+
+def profile_key(run_id: str) -> str:
+    """Where the profiler keeps a run's latest profile snapshot in the ``runs`` bucket."""
+    return f"{run_id}.profile"
 
 
 def subject(role: Role, name: str) -> str:
@@ -176,6 +191,27 @@ def consumer(role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> Consumer
         max_ack_pending=limits.max_ack_pending,
         max_waiting=512,
     )
+
+
+def profiler_consumer(limits: Limits = DEFAULT_LIMITS) -> ConsumerConfig:
+    """Every Result from the start of the stream; never dead-lettered (a profile folds, it does not fail)."""
+    return ConsumerConfig(
+        durable_name=PROFILER,
+        name=PROFILER,
+        filter_subject="gym.result.>",
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=limits.ack_wait_s,
+        max_deliver=-1,
+        max_ack_pending=limits.max_ack_pending,
+        max_waiting=512,
+    )
+
+
+async def ensure_profiler(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> str:
+    """Create (or update) the profiler's durable consumer on the results stream; returns its name."""
+    await js.add_consumer(RESULTS_STREAM, config=profiler_consumer(limits))
+    return PROFILER
 
 
 def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:

@@ -129,6 +129,12 @@ def _print_summary(summary: object) -> None:
     table.add_row("wall time", f"{summary.wall_s:.1f} s")
     table.add_row("run folder", str(summary.run_dir))
     console.print(table)
+    if summary.profile is not None:
+        from runtime.tables import profile_table
+
+        console.print()
+        console.print(profile_table(summary.profile))
+        console.print(f"\n report  {summary.run_dir / 'report.html'}")
 
 
 @app.command()
@@ -406,6 +412,90 @@ def bench(ctx: typer.Context) -> None:
     from bench.cli import main as bench_main
 
     bench_main(ctx.args, prog_name="gymbus bench")
+
+
+@app.command()
+def profile(
+    run_dir: Annotated[
+        Path | None, typer.Argument(help="A run folder, e.g. runs/<run_id>/: profiled offline, no broker needed.")
+    ] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="A run id: its live profile, as the profiler last stored it.")
+    ] = None,
+    nats: NatsOpt = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder of run folders (finds a running embedded broker).")
+    ] = Path("runs"),
+    pass_threshold: Annotated[
+        float | None,
+        typer.Option("--pass-threshold", help="Offline: a rollout passes when reward >= this (default: the config's)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {profile, tasks} as JSON.")] = False,
+    write: Annotated[
+        bool, typer.Option("--write/--no-write", help="Offline: (re)write profile.json, tasks.jsonl, report.html.")
+    ] = True,
+    watch: Annotated[bool, typer.Option("--watch", help="Live: redraw every second until the run completes.")] = False,
+) -> None:
+    """Reward profile of a run: rewards, pass@k, majority@k, failures by kind, latency per hop, throughput.
+
+    Offline, `gymbus profile runs/<run_id>/` reads rollouts.jsonl and writes profile.json, tasks.jsonl
+    and the self-contained report.html into the folder. Live, `gymbus profile --run RUN_ID` shows the
+    snapshot the profiling consumer keeps in the broker while the run goes (`gymbus profiler`; `gymbus
+    collect` starts one); the broker is --nats, GYMBUS_NATS_URL, or the embedded one of a running collect.
+    """
+    from runtime import status as st
+    from runtime.profile import ProfileError
+
+    if (run_dir is None) == (run is None):
+        raise _fail("give a run folder (offline) or --run RUN_ID (live), not both")
+    if run is not None and pass_threshold is not None:
+        raise _fail("--pass-threshold applies to offline profiles; a live one uses the run's config")
+    try:
+        if run_dir is not None:
+            st.offline(console, run_dir, pass_threshold, as_json=as_json, write=write)
+        else:
+            asyncio.run(st.live(console, nats or st.live_broker(output, run), run or "", as_json=as_json, watch=watch))
+    except (ProfileError, st.StatusError) as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command()
+def profiler(
+    nats: NatsOpt = None,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between two snapshots of a run while Results arrive.")
+    ] = 0.5,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the profiling consumer: fold every Result into its run's live profile, until SIGTERM.
+
+    One durable consumer ("profiler") on gym.result.>; each run's profile is stored in the runs KV
+    bucket as <run_id>.profile, read by `gymbus profile --run` and `gymbus status`. Restarts and
+    redeliveries never count a Result twice (a run is a fold of its stream subject, acked only once stored).
+    """
+    from runtime.profiler import Profiler, serve
+
+    _logging(verbose)
+    if not nats:
+        raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
+    asyncio.run(serve(Profiler(nats, interval_s=interval)))
+
+
+@app.command()
+def status(
+    nats: NatsOpt = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder of run folders (finds a running embedded broker).")
+    ] = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print runs and consumers as JSON.")] = False,
+) -> None:
+    """Runs the broker knows (progress, mean reward, pass@1, failures, rate) and every consumer's backlog."""
+    from runtime import status as st
+
+    try:
+        asyncio.run(st.show(console, nats or st.live_broker(output, None), as_json=as_json))
+    except st.StatusError as exc:
+        raise _fail(str(exc)) from None
 
 
 def main() -> None:

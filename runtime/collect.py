@@ -37,6 +37,7 @@ from runtime import tracing
 from runtime.config import RunConfig
 from runtime.handlers import publish_orphan_failure
 from runtime.model_client import register
+from runtime.profile import Profile
 from runtime.progress import RunProgress
 from runtime.sdk import Environment, load
 from runtime.spans import RolloutSpans
@@ -163,6 +164,8 @@ class Summary:
     submitted: int
     results: dict[str, Result] = field(default_factory=dict)
     wall_s: float = 0.0
+    profile: Profile | None = None
+    """The run's reward profile, written with the run folder (None if profiling it failed)."""
 
     @property
     def failures(self) -> Counter[str]:
@@ -303,6 +306,7 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
             for ref in (cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env):
                 for replica in range(cfg.workers.replicas):
                     stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
+            stack.start_profiler()
         else:
             await _check_functions(js, cfg)
         if model_urls:
@@ -311,7 +315,8 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
             await register(js, m.name, urls, m.api, reasoning=m.reasoning, timeout_s=m.timeout_s, attempts=m.attempts)
 
         runs_kv = await js.key_value(topology.RUNS)
-        fresh = await _manifest(runs_kv, run_id, len(expected)) is None
+        shape = {"tasks": len(tasks), "repeats": cfg.repeats, "pass_threshold": cfg.profile.pass_threshold}
+        fresh = await _manifest(runs_kv, run_id, len(expected), **shape) is None
         await _write_metadata(run_dir, cfg, run_id, len(tasks), len(expected), nats_url, stack, model_urls, t_start)
 
         feed = ResultsFeed(js, run_id)
@@ -360,7 +365,21 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         if feed is not None:  # also when interrupted: the folder shows what was gathered so far
             _write_rows(run_dir / "rollouts.jsonl", tasks, summary.results)
             _finish_metadata(run_dir, summary)
+            summary.profile = _write_profile(run_dir)
     return summary
+
+
+def _write_profile(run_dir: Path) -> Profile | None:
+    """profile.json, tasks.jsonl and report.html; a profiling error is reported, never loses the run."""
+    from runtime.report import write_all
+
+    try:
+        return write_all(run_dir)
+    except Exception:
+        log.exception(
+            "could not profile %s (its rollouts.jsonl is complete: try `gymbus profile %s`)", run_dir, run_dir
+        )
+        return None
 
 
 def by_index_of(tasks: list[TaskRow]) -> dict[int, TaskRow]:
@@ -381,7 +400,7 @@ async def _check_functions(js: JetStreamContext, cfg: RunConfig) -> None:
             )
 
 
-async def _manifest(kv: Any, run_id: str, expected: int) -> dict[str, Any] | None:
+async def _manifest(kv: Any, run_id: str, expected: int, **extra: Any) -> dict[str, Any] | None:
     """The run's manifest in the ``runs`` bucket; created on first sight (None then: a fresh run)."""
     from nats.js.errors import KeyNotFoundError
 
@@ -389,7 +408,8 @@ async def _manifest(kv: Any, run_id: str, expected: int) -> dict[str, Any] | Non
     try:
         return json.loads((await kv.get(key)).value)
     except KeyNotFoundError:
-        await kv.put(key, json.dumps({"run_id": run_id, "expected": expected, "created_at": time.time()}).encode())
+        manifest = {"run_id": run_id, "expected": expected, "created_at": time.time(), **extra}
+        await kv.put(key, json.dumps(manifest).encode())
         return None
 
 
@@ -510,6 +530,7 @@ async def _write_metadata(
         "repeats": cfg.repeats,
         "expected": expected,
         "broker": "embedded" if stack is not None else nats_url,
+        "nats_url": nats_url,
         "model_endpoints": [u.strip() for u in model_urls.split(",")] if model_urls else [],
         "simulated_policy": stack is not None and not cfg.model.base_url,
         "started_at": t_start,

@@ -55,6 +55,13 @@ class WorkersConfig(Strict):
     """Messages each worker handles at once."""
 
 
+class ProfileConfig(Strict):
+    """How the run's reward profile is computed (``gymbus profile``, the live profiler, the report)."""
+
+    pass_threshold: float = 1.0
+    """A scored rollout passes (for pass@k, majority@k, pass rates) when its reward is at least this."""
+
+
 class RunConfig(Strict):
     input: str
     """JSONL of NeMo Gym-shaped task rows."""
@@ -76,6 +83,7 @@ class RunConfig(Strict):
     """Offer the environment's tools to the model when a task row lists none."""
     nats: str | None = None
     """Broker URL; None starts an embedded broker (and the workers the run needs)."""
+    profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)
 
 
 class ConfigError(ValueError):

@@ -137,6 +137,12 @@ class LocalStack:
         self.procs.append(proc)
         return proc
 
+    def start_profiler(self) -> Process:
+        """The profiling consumer, so ``gymbus profile --run`` and ``gymbus status`` see the run live."""
+        proc = Process("profiler", gymbus_command("profiler", "--nats", self.nats_url), self.log_dir)
+        self.procs.append(proc)
+        return proc
+
     def check(self) -> list[str]:
         """Names of child processes that died."""
         return [p.name for p in self.procs if not p.alive()]

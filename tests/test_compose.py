@@ -19,7 +19,6 @@ from broker.topology import Limits
 from runtime.config import load_config
 from runtime.sdk import Agent, Environment, load
 from runtime.worker import Worker
-from tests import pending
 from tests.compose_spec import COMPOSE_FILE, ROOT, Service, load_compose, nats_config, services
 from tests.gymbus_cli import envvars_read_by, parse_gymbus
 
@@ -35,8 +34,8 @@ PEER = re.compile(r"(?<![\w.-])(" + "|".join(sorted(map(re.escape, SERVICES), ke
 
 
 def per_service(names: object) -> list[object]:
-    """Parameters for ``names``, each marked with the issue it awaits, if any."""
-    return [pytest.param(n, marks=pending.SERVICES.get(n, ()), id=n) for n in names]  # type: ignore[attr-defined]
+    """One parameter per service name."""
+    return [pytest.param(n, id=n) for n in names]  # type: ignore[attr-defined]
 
 
 def peers(text: str) -> list[tuple[str, int]]:
@@ -83,7 +82,7 @@ def referenced_files() -> list[object]:
     named = [(name, arg) for name, svc in SERVICES.items() for arg in svc.argv]
     pairs += [(name, arg) for name, arg in named if arg.startswith(("configs/", "functions/"))]
     pairs = [(name, path) for name, path in pairs if not path.startswith(("/", "~")) and "/" in path]
-    return [pytest.param(n, f, marks=pending.FILES.get(f, ()), id=f"{n}:{f}") for n, f in pairs]
+    return [pytest.param(n, f, id=f"{n}:{f}") for n, f in pairs]
 
 
 @pytest.mark.parametrize("name,path", referenced_files())

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import pending
 from tests.compose_local import LocalStack
 from tests.compose_spec import ROOT, services
 from tests.otlp_receiver import OtlpReceiver
@@ -33,7 +32,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     local = LocalStack(workdir, services(), scale={"math": 2}, provided=STANDINS)
     with OtlpReceiver(port=local.net.port("otel-collector", 4318)) as receiver:
         try:
-            local.up([name for name in DEFAULT if name not in STANDINS | set(pending.SERVICES)])
+            local.up([name for name in DEFAULT if name not in STANDINS])
             yield local, receiver
         finally:
             local.down()

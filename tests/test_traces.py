@@ -59,6 +59,10 @@ def test_quickstart_writes_traces_and_the_slowest_waterfall_prints(tmp_path: Pat
     assert as_json["rollouts"] == 8 and len(as_json["slowest"]) == 2
     assert as_json["slowest"][0]["duration_s"] >= as_json["slowest"][1]["duration_s"]
 
+    report = (run_dir / "report.html").read_text()  # the HTML report embeds the same breakdown
+    assert "Where the time went (traces)" in report and "From the spans of 8 rollouts" in report
+    assert "<td>model call</td><td>16</td>" in report
+
 
 class Receiver:
     """An OTLP/HTTP trace receiver: decodes every POST /v1/traces body (protobuf)."""

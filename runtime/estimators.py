@@ -1,0 +1,185 @@
+"""The estimators behind a reward profile: pass@k, majority@k, summary statistics, percentiles.
+
+Pure functions over plain numbers, so each is tested against hand-computed cases.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import random
+import statistics
+import zlib
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+import msgspec
+
+T = TypeVar("T", bound=Hashable)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): the chance that k of n samples, c of them correct, hold one correct.
+
+    Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), which equals 1 - C(n-c, k)/C(n, k) without the
+    huge binomials; it is exactly 1 when n - c < k (every k-subset holds a correct sample).
+    """
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def ks(n: int) -> list[int]:
+    """The k values a profile reports for n samples per task: every power of two up to n, and n itself."""
+    out = []
+    k = 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    if n >= 1 and out[-1] != n:
+        out.append(n)
+    return out
+
+
+def majority_vote(answers: Sequence[T | None]) -> T | None:
+    """The most frequent answer (None abstains); a tie goes to the answer given first."""
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return next(a for a in answers if a is not None and counts[a] == top)
+
+
+def majority_at_k(votes: Sequence[tuple[Hashable | None, bool]], k: int) -> float:
+    """How often a majority vote over k of the n (answer, passed) votes, drawn at random, is right.
+
+    The expectation over every k-subset, as pass@k is: a tie between answers is split evenly, a
+    rollout with no extracted answer abstains (k abstentions are wrong), and an answer counts as
+    right in the share of its rollouts that passed. So majority@1 equals the pass rate, and
+    majority@n is the vote over all n. Exact unless the answers are so many and so scattered that
+    the splits exceed EXACT_SPLITS; then it is a reproducible sampling estimate.
+    """
+    if not 1 <= k <= len(votes):
+        raise ValueError(f"majority@k needs 1 <= k <= {len(votes)} votes, got k={k}")
+    groups: dict[Hashable, list[int]] = {}
+    for answer, passed in votes:
+        if answer is not None:
+            g = groups.setdefault(answer, [0, 0])
+            g[0] += 1
+            g[1] += passed
+    shape = tuple(sorted((m, c) for m, c in groups.values()))
+    return _majority(shape, len(votes) - sum(m for m, _ in shape), k)
+
+
+EXACT_SPLITS = 20_000
+"""Past this many ways to split k draws over a task's answers, majority@k is estimated by sampling."""
+SAMPLED_DRAWS = 2_000
+
+
+class _TooMany(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=65536)
+def _majority(groups: tuple[tuple[int, int], ...], abstain: int, k: int) -> float:
+    """Expectation over k-subsets for answer groups (size, passed) and abstentions: exact (multivariate
+    hypergeometric) while the splits are few, else a sampling estimate seeded by the inputs (reproducible)."""
+    sizes = [abstain] + [m for m, _ in groups]
+    right = [0.0] + [c / m for m, c in groups]
+    try:
+        return _exact(sizes, right, k)
+    except _TooMany:
+        return _sampled(sizes, right, k)
+
+
+def _vote(draws: Sequence[int], right: Sequence[float]) -> float:
+    """Score of one split: the share of the tied top answers that are right (index 0 abstains)."""
+    top = max(draws[1:], default=0)
+    if not top:
+        return 0.0
+    tied = [j for j in range(1, len(draws)) if draws[j] == top]
+    return sum(right[j] for j in tied) / len(tied)
+
+
+def _exact(sizes: list[int], right: list[float], k: int) -> float:
+    capacity = [*reversed([*itertools.accumulate(reversed(sizes))]), 0]  # draws groups i.. can absorb
+    total, score, leaves = 0, 0.0, 0
+
+    def walk(i: int, r: int, weight: int, draws: list[int]) -> None:
+        nonlocal total, score, leaves
+        if i == len(sizes):
+            leaves += 1
+            if leaves > EXACT_SPLITS:
+                raise _TooMany
+            total += weight
+            score += weight * _vote(draws, right)
+            return
+        for x in range(max(0, r - capacity[i + 1]), min(sizes[i], r) + 1):
+            walk(i + 1, r - x, weight * math.comb(sizes[i], x), [*draws, x])
+
+    walk(0, k, 1, [])
+    return score / total
+
+
+def _sampled(sizes: list[int], right: list[float], k: int) -> float:
+    population = [j for j, m in enumerate(sizes) for _ in range(m)]
+    rng = random.Random(zlib.crc32(repr((sizes, right, k)).encode()))
+    score = 0.0
+    for _ in range(SAMPLED_DRAWS):
+        draws = [0] * len(sizes)
+        for j in rng.sample(population, k):
+            draws[j] += 1
+        score += _vote(draws, right)
+    return score / SAMPLED_DRAWS
+
+
+class Stats(msgspec.Struct, kw_only=True):
+    """Summary of a set of values (rewards); the statistics are None when there are none."""
+
+    count: int = 0
+    mean: float | None = None
+    std: float | None = None
+    """Population standard deviation."""
+    min: float | None = None
+    max: float | None = None
+    median: float | None = None
+
+
+def describe(values: Sequence[float]) -> Stats:
+    if not values:
+        return Stats()
+    return Stats(
+        count=len(values),
+        mean=statistics.fmean(values),
+        std=statistics.pstdev(values),
+        min=min(values),
+        max=max(values),
+        median=statistics.median(values),
+    )
+
+
+class Spread(msgspec.Struct, kw_only=True):
+    """Distribution of a duration in seconds: mean, percentiles (linear interpolation) and max."""
+
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+def spread(values: Sequence[float]) -> Spread:
+    if not values:
+        return Spread()
+    if len(values) == 1:
+        v = values[0]
+        return Spread(count=1, mean=v, p50=v, p90=v, p99=v, max=v)
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return Spread(count=len(values), mean=statistics.fmean(values), p50=q[49], p90=q[89], p99=q[98], max=max(values))
