@@ -103,9 +103,17 @@ class Runtime:
             await self.store.update(s, last=rev, ttl_s=ttl)
         except StateConflict:
             log.debug("session %s step %d: applied by another worker", s.session_id, s.step - 1)
+            await self._reemit(s.session_id, s.step)
             return False
         await self.emit(s)
         return True
+
+
+    async def _reemit(self, sid: str, step: int) -> None:
+        """After a lost race, publish what the winner's state calls for (a no-op if it already did)."""
+        loaded = await self.store.get(sid)
+        if loaded is not None and loaded[0].step == step:
+            await self.emit(loaded[0])
 
 
 def next_message(s: Session) -> tuple[str, Msg]:

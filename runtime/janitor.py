@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,6 +64,17 @@ class Janitor:
     orphan_after_s: float = 120.0
     """How long a message may wait on a subject no worker serves before it is failed as unknown."""
     stats: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def from_env(cls, js: JetStreamContext, limits: Limits, holder: str) -> Janitor:
+        """Defaults overridden by ``GYMBUS_JANITOR_INTERVAL_S``, ``_GRACE_S`` and ``GYMBUS_ORPHAN_AFTER_S``."""
+        env = {
+            "scan_interval_s": "GYMBUS_JANITOR_INTERVAL_S",
+            "grace_s": "GYMBUS_JANITOR_GRACE_S",
+            "orphan_after_s": "GYMBUS_ORPHAN_AFTER_S",
+        }
+        values = {k: float(os.environ[v]) for k, v in env.items() if os.environ.get(v)}
+        return cls(js, limits, holder=holder, **values)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""

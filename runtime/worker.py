@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import signal
 from collections import Counter
@@ -124,7 +125,7 @@ class Worker:
                 psub = await js.pull_subscribe_bind(consumer=durable, stream=topology.WORK_STREAM)
                 loops.append(asyncio.create_task(self._loop(rt, psub, role, _Slots(self.concurrency))))
             if self.janitor:
-                jan = Janitor(js, self.limits, holder=f"worker-{self.name}-{id(self):x}")
+                jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
             self.ready.set()
             log.info(
@@ -176,6 +177,7 @@ class Worker:
         )
         beat = asyncio.create_task(self._heartbeat(m) if self.heartbeat else asyncio.sleep(0))
         self.stats["in_flight"] += 1
+        self.stats["redelivered"] += md.num_delivered > 1
         try:
             try:
                 msg = decode(m.data)
