@@ -6,6 +6,7 @@ unexpected, the dead letters exactly the expected ones, no work left behind.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,11 @@ async def test_network_blackhole_reset_delay(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("heartbeat", [True, False], ids=["in-progress-acks", "no-in-progress-acks"])
-async def test_handler_slower_than_ack_wait(tmp_path: Path, heartbeat: bool) -> None:
+async def test_handler_slower_than_ack_wait(tmp_path: Path, heartbeat: bool, caplog: pytest.LogCaptureFixture) -> None:
     """R5/R6: with in-progress acks a 3 s tool under a 1 s ack wait is never redelivered; without them
-    it is (to a second replica, racing the first), and still yields exactly one Result."""
+    it is (to a second replica, racing the first: the stale-ack race), and the loser's CAS conflict
+    makes it step aside, so there is still exactly one Result."""
+    caplog.set_level(logging.DEBUG, logger="gymbus.runtime")
     async with Harness(tmp_path / "broker", limits=fs.SLOW_LIMITS) as h:
         f = await fs.slow_handler(h, 3, heartbeat=heartbeat, replicas=2)
     check(f)
@@ -79,6 +82,7 @@ async def test_handler_slower_than_ack_wait(tmp_path: Path, heartbeat: bool) -> 
         assert f.notes["redelivered"] == 0
     else:
         assert f.notes["redelivered"] > 0
+        assert "applied by another worker" in caplog.text
 
 
 async def test_backlog_respects_max_ack_pending(tmp_path: Path) -> None:
