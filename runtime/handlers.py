@@ -108,7 +108,6 @@ class Runtime:
         await self.emit(s)
         return True
 
-
     async def _reemit(self, sid: str, step: int) -> None:
         """After a lost race, publish what the winner's state calls for (a no-op if it already did)."""
         loaded = await self.store.get(sid)
@@ -182,9 +181,7 @@ async def deadline(s: Session) -> AsyncIterator[None]:
             raise
         if budget == o.step_timeout_s:
             raise Timeout(f"step {s.step} ({s.phase}) exceeded step_timeout_s={o.step_timeout_s:g}") from exc
-        raise DeadlineExceeded(
-            f"step {s.step} ({s.phase}) exceeded rollout_timeout_s={o.rollout_timeout_s:g}"
-        ) from exc
+        raise DeadlineExceeded(f"step {s.step} ({s.phase}) exceeded rollout_timeout_s={o.rollout_timeout_s:g}") from exc
 
 
 class CreateParams(msgspec.Struct):
@@ -469,25 +466,52 @@ def new_session_or_stub(msg: Start, d: Delivery, base: int = 0) -> Session:
     try:
         return new_session(msg, base, d)
     except GymError:
-        sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
-        return Session(
-            session_id=sid,
-            run_id=msg.run_id,
-            task_index=msg.task_index,
-            rollout_index=msg.rollout_index,
-            attempt=msg.attempt,
-            agent=msg.agent,
-            env=msg.env,
-            model=msg.model,
-            step=base,
-            base_step=base,
-            phase="model",
-            params={},
-            meta=msg.meta,
-            options=msg.options,
-            timings=Timings(submitted_at=d.published_at),
-            headers=d.headers,
+        return stub_session(
+            (msg.run_id, msg.task_index, msg.rollout_index, msg.attempt), d, base, msg.agent, msg.env, msg.model
         )
+
+
+def stub_session(
+    ids: tuple[str, int, int, int], d: Delivery, base: int = 0, agent: str = "", env: str = "", model: str = ""
+) -> Session:
+    """A session holding only a rollout's identity, to record its failure."""
+    run_id, task, rollout, attempt = ids
+    return Session(
+        session_id=session_id(run_id, task, rollout),
+        run_id=run_id,
+        task_index=task,
+        rollout_index=rollout,
+        attempt=attempt,
+        agent=agent,
+        env=env,
+        model=model,
+        step=base,
+        base_step=base,
+        phase="model",
+        params={},
+        timings=Timings(submitted_at=d.published_at),
+        headers=d.headers,
+    )
+
+
+async def fail_unreadable(
+    rt: Runtime, ids: tuple[str, int, int, int], kind: FailureKind, reason: str, d: Delivery
+) -> None:
+    """Fail the rollout an unreadable message names, unless that rollout lives on without it.
+
+    A live (or finished) session of the same or a later attempt is left alone: a stray corrupt copy
+    must not end a healthy rollout (if it was the rollout's only next message, the janitor's deadline
+    ends it). Otherwise the failure is committed like any other, so the rollout gets exactly one Result."""
+    run_id, task, rollout, attempt = ids
+    sid = session_id(run_id, task, rollout)
+    loaded = await rt.store.get(sid)
+    if loaded is not None and loaded[0].attempt >= attempt:
+        log.warning("unreadable message for live rollout %s (attempt %d) left it running: %s", sid, attempt, reason)
+        return
+    s, rev = stub_session(ids, d, loaded[0].step if loaded else 0), loaded[1] if loaded else 0
+    s.result = build_result(s, failure=(kind, reason))
+    s.phase = "done"
+    await rt.commit(s, rev, d, time.perf_counter())
 
 
 async def publish_orphan_failure(

@@ -165,7 +165,7 @@ class Janitor:
         if msg is not None:
             await handlers.fail(rt, msg, kind, reason, d)
         elif (ids := lenient_ids(data)) is not None:
-            await handlers.publish_orphan_failure(self.js, ids[0], kind, reason, ids[1:])
+            await handlers.fail_unreadable(rt, ids[1:], kind, reason, d)
         try:
             await self.js.delete_msg(topology.WORK_STREAM, raw.seq or 0)
         except NotFoundError:

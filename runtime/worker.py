@@ -253,8 +253,7 @@ class Worker:
         ids = lenient_ids(m.data)
         await self._dead_letter(rt, m, role, "invalid_input", reason, d, ids[0] if ids else None)
         if ids:
-            sid, run_id, task, rollout, attempt = ids
-            await handlers.publish_orphan_failure(rt.js, sid, "invalid_input", reason, (run_id, task, rollout, attempt))
+            await handlers.fail_unreadable(rt, ids[1:], "invalid_input", reason, d)
         else:
             log.error("%s: dropped a message naming no rollout (dead-lettered): %s", self.name, reason)
         self.stats["failed:invalid_input"] += 1
