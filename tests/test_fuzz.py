@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -71,7 +72,7 @@ async def test_fuzzed_messages_end_as_dead_letters_or_results(
     valid = fs.starts("fuzz", 10)
     await fs.submit(harness, valid)  # real rollouts, with fuzz naming their sessions racing them
     sent: list[tuple[int, bytes]] = []
-    for i, (subject, payload) in enumerate(generate(150)):
+    for i, (subject, payload) in enumerate(generate(int(os.environ.get("GYMBUS_FUZZ_EXAMPLES", "150")))):
         ack = await publish_raw(harness.js, subject, payload, {"Nats-Msg-Id": f"fuzz-{i}"})
         sent.append((ack.seq, payload))
 
