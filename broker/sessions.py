@@ -8,10 +8,12 @@ written with a per-message TTL.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import Header
+from nats.js.api import DeliverPolicy, Header
 from nats.js.errors import APIError, NotFoundError
 
 from broker import topology
@@ -21,6 +23,10 @@ from broker.schemas import Session, session_decoder, session_encoder
 _KV_OP = "KV-Operation"
 _WRITE = "Gymbus-Write"
 """Header naming the write that stored a session value (see `SessionStore.update`)."""
+PHASE = "Gymbus-Phase"
+DEADLINE = "Gymbus-Deadline"
+"""Headers with the session's phase and the unix time its rollout deadline passes, so a scan for
+overdue rollouts reads headers only (see runtime/janitor.py)."""
 
 
 class StateConflict(Exception):
@@ -55,7 +61,13 @@ class SessionStore:
         retry fails the CAS check against that very write, and the token tells it apart from another
         worker's write (which would otherwise stall the rollout: nobody emits the next message)."""
         token = secrets.token_hex(8)
-        headers = {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(last), _WRITE: token}
+        deadline = session.timings.submitted_at + session.options.rollout_timeout_s
+        headers = {
+            Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(last),
+            _WRITE: token,
+            PHASE: session.phase,
+            DEADLINE: f"{deadline:.3f}",
+        }
         if ttl_s is not None:
             headers[Header.MSG_TTL.value] = f"{int(ttl_s)}s"
         try:
@@ -78,6 +90,35 @@ class SessionStore:
         except NotFoundError:
             return None
         return msg.seq if (msg.headers or {}).get(_WRITE) == token else None
+
+    async def overdue(self, now: float) -> list[str]:
+        """Keys of live sessions whose deadline passed before ``now`` (reads headers only)."""
+        info = await self._js.stream_info(self._stream)
+        if not info.state.messages:
+            return []
+        found: list[str] = []
+        caught_up = asyncio.Event()
+
+        async def on_msg(msg: Msg) -> None:
+            h = msg.headers or {}
+            live = h.get(PHASE) != "done" and not h.get(_KV_OP) and not h.get("Nats-Marker-Reason")
+            if live and float(h.get(DEADLINE) or 0) < now:
+                found.append(msg.subject[len(self._prefix) :])
+            if msg.metadata.num_pending == 0:
+                caught_up.set()
+
+        sub = await self._js.subscribe(
+            self._prefix + ">",
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=True,
+            cb=on_msg,
+        )
+        try:
+            await asyncio.wait_for(caught_up.wait(), timeout=60)
+        finally:
+            await sub.unsubscribe()
+        return found
 
     async def delete(self, sid: str) -> None:
         await publish_raw(self._js, self._prefix + sid, b"", {_KV_OP: "DEL"})

@@ -30,7 +30,6 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -38,7 +37,7 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from broker import advisories, topology
-from broker.schemas import FailureKind, Msg, session_decoder, wire_decoder
+from broker.schemas import FailureKind, Msg, wire_decoder
 from broker.sessions import SessionStore
 from broker.topology import Limits
 from runtime import handlers
@@ -176,23 +175,14 @@ class Janitor:
     async def reap(self, rt: Runtime, now: float | None = None) -> int:
         """Fail every live session past its rollout deadline with ``timeout``; returns how many."""
         now = time.time() if now is None else now
-        kv = await self.js.key_value(topology.SESSIONS)
-        watcher = await kv.watch(">", ignore_deletes=True)
-        overdue: list[tuple[Any, int]] = []
-        try:
-            async for entry in watcher:
-                if entry is None:  # the end of the current values
-                    break
-                if not entry.value:
-                    continue
-                s = session_decoder.decode(entry.value)
-                deadline = s.timings.submitted_at + s.options.rollout_timeout_s
-                if s.phase != "done" and now > deadline + self.grace_s:
-                    overdue.append((s, entry.revision))
-        finally:
-            await watcher.stop()
         reaped = 0
-        for s, rev in overdue:
+        for sid in await rt.store.overdue(now - self.grace_s):
+            loaded = await rt.store.get(sid)
+            if loaded is None:
+                continue
+            s, rev = loaded
+            if s.phase == "done" or now < s.timings.submitted_at + s.options.rollout_timeout_s + self.grace_s:
+                continue
             waiting_on, _ = handlers.next_message(s)
             reason = (
                 f"rollout exceeded rollout_timeout_s={s.options.rollout_timeout_s:g} waiting on {waiting_on} "
