@@ -32,6 +32,8 @@ class Audit:
     latest: dict[str, Result] = field(default_factory=dict)
     """The latest attempt's Result per session."""
     duplicates: int = 0
+    duplicated: set[str] = field(default_factory=set)
+    """Sessions with more than one Result for one attempt."""
     unexpected: set[str] = field(default_factory=set)
     dead: Counter[str] = field(default_factory=Counter)
     """Dead letters per session of this run."""
@@ -55,7 +57,7 @@ class Audit:
         if self.lost:
             out.append(f"{len(self.lost)} rollout(s) have no Result: {sorted(self.lost)[:5]}")
         if self.duplicates:
-            out.append(f"{self.duplicates} duplicate Result(s)")
+            out.append(f"{self.duplicates} duplicate Result(s): {sorted(self.duplicated)[:5]}")
         if self.unexpected:
             out.append(f"{len(self.unexpected)} Result(s) for rollouts never submitted: {sorted(self.unexpected)[:5]}")
         if self.expected_dead is not None and set(self.dead) != self.expected_dead:
@@ -82,6 +84,7 @@ async def audit(js: JetStreamContext, run_id: str, expected: set[str], expected_
         a.stored += 1
         if (r.session_id, r.attempt) in seen:
             a.duplicates += 1
+            a.duplicated.add(r.session_id)
         seen.add((r.session_id, r.attempt))
         if r.session_id not in expected:
             a.unexpected.add(r.session_id)

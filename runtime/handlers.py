@@ -435,8 +435,9 @@ async def fail(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: Deliver
     for _ in range(5):
         loaded = await rt.store.get(sid)
         if loaded is None:
-            if not isinstance(msg, Start):
-                await publish_orphan_failure(rt.js, sid, kind, reason)
+            if not isinstance(msg, Start):  # its session expired or never was: record the failure on a stub
+                run_id, task, rollout = parse_session_id(sid)
+                await fail_by_ids(rt, (run_id, task, rollout, 0), kind, reason, d)
                 return
             s, rev = new_session_or_stub(msg, d), 0
         else:
@@ -494,10 +495,11 @@ def stub_session(
     )
 
 
-async def fail_unreadable(
+async def fail_by_ids(
     rt: Runtime, ids: tuple[str, int, int, int], kind: FailureKind, reason: str, d: Delivery
 ) -> None:
-    """Fail the rollout an unreadable message names, unless that rollout lives on without it.
+    """Fail the rollout a message names when the message cannot say more (unreadable, or its session
+    is gone), unless that rollout lives on without it.
 
     A live (or finished) session of the same or a later attempt is left alone: a stray corrupt copy
     must not end a healthy rollout (if it was the rollout's only next message, the janitor's deadline
@@ -506,7 +508,7 @@ async def fail_unreadable(
     sid = session_id(run_id, task, rollout)
     loaded = await rt.store.get(sid)
     if loaded is not None and loaded[0].attempt >= attempt:
-        log.warning("unreadable message for live rollout %s (attempt %d) left it running: %s", sid, attempt, reason)
+        log.warning("a stray message for live rollout %s (attempt %d) left it running: %s", sid, attempt, reason)
         return
     s, rev = stub_session(ids, d, loaded[0].step if loaded else 0), loaded[1] if loaded else 0
     s.result = build_result(s, failure=(kind, reason))

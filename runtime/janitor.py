@@ -164,7 +164,7 @@ class Janitor:
         if msg is not None:
             await handlers.fail(rt, msg, kind, reason, d)
         elif (ids := lenient_ids(data)) is not None:
-            await handlers.fail_unreadable(rt, ids[1:], kind, reason, d)
+            await handlers.fail_by_ids(rt, ids[1:], kind, reason, d)
         try:
             await self.js.delete_msg(topology.WORK_STREAM, raw.seq or 0)
         except NotFoundError:

@@ -253,7 +253,7 @@ class Worker:
         ids = lenient_ids(m.data)
         await self._dead_letter(rt, m, role, "invalid_input", reason, d, ids[0] if ids else None)
         if ids:
-            await handlers.fail_unreadable(rt, ids[1:], "invalid_input", reason, d)
+            await handlers.fail_by_ids(rt, ids[1:], "invalid_input", reason, d)
         else:
             log.error("%s: dropped a message naming no rollout (dead-lettered): %s", self.name, reason)
         self.stats["failed:invalid_input"] += 1

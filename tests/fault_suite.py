@@ -38,7 +38,7 @@ CHAOS_LIMITS = topology.Limits(ack_wait_s=2.0, max_deliver=20)
 NETWORK_LIMITS = topology.Limits(ack_wait_s=2.0, max_deliver=10)
 """A 5 s blackhole redelivers every message in flight (heartbeats cannot pass): budget for it."""
 POISON_LIMITS = topology.Limits(ack_wait_s=2.0, max_deliver=3)
-SLOW_LIMITS = topology.Limits(ack_wait_s=1.0, max_deliver=5)
+SLOW_LIMITS = topology.Limits(ack_wait_s=2.0, max_deliver=5)
 BACKLOG_LIMITS = topology.Limits(ack_wait_s=5.0, max_deliver=5, max_ack_pending=64)
 
 
