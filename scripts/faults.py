@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from broker.topology import Limits  # noqa: E402
+from runtime.policy import DEFAULT_RETRY  # noqa: E402
 from runtime.testing import Harness  # noqa: E402
 from tests import fault_suite as fs  # noqa: E402
 
@@ -45,6 +46,12 @@ SCENARIOS: dict[str, tuple[Limits, Scenario]] = {
     ),
     "restart": (fs.LIMITS, lambda h, d, k: fs.broker_restart(h, n(1000, k), d)),
     "model": (fs.LIMITS, lambda h, d, k: fs.model_faults(h, n(1000, k), step_timeout_s=5.0)),
+    "model-retry": (
+        fs.LIMITS,
+        lambda h, d, k: fs.model_faults(
+            h, n(1000, k), step_timeout_s=5.0, retry=[*DEFAULT_RETRY, "model_error", "timeout"]
+        ),
+    ),
     "poison": (fs.POISON_LIMITS, lambda h, d, k: fs.poison(h, n(1000, k), d)),
     "pause": (fs.LIMITS, lambda h, d, k: fs.pause(h, n(1000, k), d)),
     "network": (fs.NETWORK_LIMITS, lambda h, d, k: fs.network(h, n(1000, k))),

@@ -320,10 +320,17 @@ def _async(fn: Any) -> Any:
 
 
 async def model_faults(
-    h: Harness, n: int, *, fail: float = 0.2, hang: float = 0.05, step_timeout_s: float = 3.0
+    h: Harness,
+    n: int,
+    *,
+    fail: float = 0.2,
+    hang: float = 0.05,
+    step_timeout_s: float = 3.0,
+    retry: list[str] | None = None,
 ) -> Figures:
     """The policy fails 20% of calls with 500 and hangs on 5%: the run completes; failures are only
-    model_error (retry budget spent) or timeout (a hang past the step deadline)."""
+    model_error (retry budget spent) or timeout (a hang past the step deadline). ``retry`` is the
+    run's retry policy (e.g. adding model_error and timeout redelivers those steps)."""
     from tests.faulty_policy import FaultyPolicy
 
     upstream = await h.simulate(MATH_TASKS, accuracy=0.6)
@@ -331,7 +338,7 @@ async def model_faults(
     await register(h.js, "policy", [await proxy.start()])
     await h.worker("simple_agent")
     await h.worker("math")
-    batch = starts("model", n, step_timeout_s=step_timeout_s)
+    batch = starts("model", n, step_timeout_s=step_timeout_s, retry=retry)
     t0 = time.monotonic()
     try:
         await submit(h, batch)
@@ -341,7 +348,8 @@ async def model_faults(
     finally:
         await h.stop_workers()
         await proxy.stop()
-    f = Figures.of("model endpoint 20% 500 / 5% hang", a, wall, **{f"calls_{k}": v for k, v in proxy.counts.items()})
+    name = "model endpoint 20% 500 / 5% hang" + (", retry policy +model_error +timeout" if retry else "")
+    f = Figures.of(name, a, wall, **{f"calls_{k}": v for k, v in proxy.counts.items()})
     other = set(a.failures) - {"model_error", "timeout"}
     if other:
         f.problems.append(f"unexpected failure kinds {sorted(other)}")

@@ -58,3 +58,18 @@ def test_dead_letters_show_the_poison_and_replay_completes_it(tmp_path: Path) ->
     out = {r["task_index"]: r for r in map(json.loads, (run_dir / "rollouts.jsonl").read_text().splitlines())}
     assert out[2]["reward"] == 1.0 and out[2]["attempt"] == 1 and "failure_kind" not in out[2]
     assert all(out[i]["reward"] == 1.0 for i in range(4))
+
+
+def test_commands_explain_themselves() -> None:
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    runner = CliRunner()
+    for command, phrase in (("dead-letters", "gymbus replay"), ("replay", "new attempt"), ("janitor", "worker_lost")):
+        result = runner.invoke(app, [command, "--help"], terminal_width=200)
+        assert result.exit_code == 0 and phrase in " ".join(result.output.split()), result.output
+    refused = runner.invoke(app, ["replay", "--nats", "nats://127.0.0.1:1"])
+    assert refused.exit_code == 2 and "name dead letters by seq, or give --all" in refused.output
+    no_broker = runner.invoke(app, ["dead-letters"], env={"GYMBUS_NATS_URL": ""})
+    assert no_broker.exit_code == 2 and "--run-dir" in no_broker.output
