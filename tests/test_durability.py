@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from nats.js.api import AckPolicy, StorageType
 
-from broker import topology
+from broker import inspect, topology
 from broker.connect import connect
-from broker.publish import PUBLISH_TIMEOUT_S
+from broker.publish import PUBLISH_TIMEOUT_S, publish_raw
 from broker.schemas import Session
 from broker.server import EmbeddedServer
 from broker.sessions import SessionStore, StateConflict
@@ -112,3 +112,20 @@ def _session(sid: str) -> Session:
         phase="model",
         params={},
     )
+
+
+async def test_a_timed_out_publish_is_retried_with_the_same_message_id(harness: Harness) -> None:
+    """The broker stores a publish whose ack is lost: the retry (same Nats-Msg-Id) is dropped as a duplicate."""
+    proxy = await FaultProxy(harness.broker.port).start()
+    nc = await connect(proxy.url)
+    try:
+        proxy.set("mute")
+        sent = asyncio.create_task(publish_raw(nc.jetstream(), "gym.result.once", b"{}", {"Nats-Msg-Id": "once:1"}))
+        await asyncio.sleep(PUBLISH_TIMEOUT_S + 0.5)
+        proxy.set("pass")
+        ack = await asyncio.wait_for(sent, 30)
+    finally:
+        await nc.close()
+        await proxy.stop()
+    assert ack.duplicate, "the retry found the first attempt stored"
+    assert await inspect.count(harness.js, topology.RESULTS_STREAM, "gym.result.once") == 1
