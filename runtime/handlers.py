@@ -448,7 +448,7 @@ async def fail(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: Deliver
                 if msg.attempt > s.attempt:
                     base = s.step
                     s, rev = new_session_or_stub(msg, d, base), rev
-            elif s.step != step:
+            elif s.step != step or s.phase == "done":  # moved on without this message, or already ended
                 return await _reemit_if(rt, s, (step or 0) + 1)
         s.result = build_result(s, failure=(kind, reason))
         s.phase = "done"

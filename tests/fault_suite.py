@@ -274,9 +274,9 @@ async def chaos(
 
         await wait_results(h, "chaos", n, timeout=120 + n / 4, tick=tick)
         wall = time.monotonic() - t0
+        a = await settle_and_audit(h, "chaos", sids(batch), set())
     finally:
         fleet.stop()
-    a = await settle_and_audit(h, "chaos", sids(batch), set())
     want, got = await rewards(h, "reference"), await rewards(h, "chaos")
     mismatched = sum(1 for k, v in want.items() if got.get(k) != v)
     f = Figures.of("chaos (R1, duplicate Starts)", a, wall, kills=fleet.kills, restarts=fleet.restarts)
@@ -306,9 +306,9 @@ async def broker_restart(h: Harness, n: int, log_dir: Path, *, at: tuple[float, 
             restarts += 1
         await wait_results(h, "restart", n, timeout=120 + n / 4, tick=_async(fleet.revive))
         wall = time.monotonic() - t0
+        a = await settle_and_audit(h, "restart", sids(batch), set())
     finally:
         fleet.stop()
-    a = await settle_and_audit(h, "restart", sids(batch), set())
     return Figures.of("broker kill -9 + restart (R2)", a, wall, broker_restarts=restarts)
 
 
@@ -409,9 +409,9 @@ async def pause(h: Harness, n: int, log_dir: Path) -> Figures:
         await wait_results(h, "pause", n, timeout=120 + n / 4)
         wall = time.monotonic() - t0
         alive = sum(p.alive() for p in fleet.procs.values())
+        a = await settle_and_audit(h, "pause", sids(batch), set())
     finally:
         fleet.stop()
-    a = await settle_and_audit(h, "pause", sids(batch), set())
     f = Figures.of("broker paused past the ack wait (R3)", a, wall, paused_s=2.5 * h.limits.ack_wait_s)
     f.notes["workers_alive_after"] = f"{alive}/2"
     if alive != 2:
@@ -442,10 +442,10 @@ async def network(h: Harness, n: int) -> Figures:
         proxy.set("pass")
         await wait_results(h, "network", n, timeout=120 + n / 4)
         wall = time.monotonic() - t0
+        a = await settle_and_audit(h, "network", sids(batch), set())
     finally:
         await h.stop_workers()
         await proxy.stop()
-    a = await settle_and_audit(h, "network", sids(batch), set())
     f = Figures.of("network blackhole / reset / delay (R4)", a, wall, proxy_connections=proxy.connections)
     f.notes["redelivered"] = agent.stats["redelivered"] + env.stats["redelivered"]
     if proxy.connections <= 2:
@@ -469,9 +469,9 @@ async def slow_handler(h: Harness, n: int, *, heartbeat: bool, replicas: int = 1
         await submit(h, batch)
         await wait_results(h, run, n, timeout=60 + 10 * n * h.limits.ack_wait_s)
         wall = time.monotonic() - t0
+        a = await settle_and_audit(h, run, sids(batch), set())
     finally:
         await h.stop_workers()
-    a = await settle_and_audit(h, run, sids(batch), set())
     redelivered = sum(w.stats["redelivered"] for w in envs)
     name = "slow handler, in-progress acks (R5)" if heartbeat else "slow handler, no in-progress acks (R5/R6)"
     return Figures.of(name, a, wall, redelivered=redelivered)
@@ -501,9 +501,9 @@ async def backlog(h: Harness, n: int, log_dir: Path) -> Figures:
         await wait_results(h, "backlog", n, timeout=120 + n / 20, tick=sample)
         wall = time.monotonic() - t0
         rss = {name: _rss_mib(p.proc.pid) for name, p in fleet.procs.items()}
+        a = await settle_and_audit(h, "backlog", sids(batch), set())
     finally:
         fleet.stop()
-    a = await settle_and_audit(h, "backlog", sids(batch), set())
     slow = sum("slow consumer" in p.read_text().lower() for p in log_dir.glob("*.log"))
     f = Figures.of(f"{n} queued at once, max_ack_pending {h.limits.max_ack_pending} (R13)", a, wall)
     f.notes.update(most_unacked=most_pending, worker_rss_mib=rss, slow_consumer_logs=slow)
