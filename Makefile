@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install quickstart test lint clean
+.PHONY: install quickstart test lint faults clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gymbus needs Python 3.11+"'
@@ -23,7 +23,10 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker runtime functions tests images bench
+	$(BIN)/ruff check broker runtime functions tests images bench scripts
+
+faults: $(STAMP)
+	$(BIN)/python scripts/faults.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

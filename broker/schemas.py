@@ -17,6 +17,10 @@ from msgspec import Meta
 RunId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Run id: letters, digits, - and _.")]
 Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A function name: one subject token.")]
 Index = Annotated[int, Meta(ge=0)]
+SessionId = Annotated[
+    str,
+    Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
+]
 
 FailureKind = Literal[
     "invalid_input",  # the task or a message failed validation; never retried
@@ -50,6 +54,13 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Ask the model for prompt/generation token ids and logprobs (vLLM) and keep them in the Result."""
     chat_template_kwargs: dict[str, Any] = {}
     """Passed to the model server's chat template (vLLM), e.g. ``{"enable_thinking": false}``."""
+    retry: list[FailureKind] | None = None
+    """Failure kinds redelivered with backoff until the delivery budget is spent (None: the default
+    policy, ``runtime.policy.DEFAULT_RETRY``); the other kinds end the rollout at once."""
+    invalid_tool_calls: Literal["return_error", "fail"] = "return_error"
+    """A tool call the model got wrong (unknown tool, invalid JSON, arguments failing the schema):
+    ``return_error`` answers it with an error output the model reads on its next turn; ``fail`` ends
+    the rollout with ``invalid_input`` naming the call."""
 
 
 class Start(Msg, kw_only=True):
@@ -80,7 +91,7 @@ class Start(Msg, kw_only=True):
 class Resume(Msg, kw_only=True):
     """Tool outputs of the previous turn are committed: run the agent turn at ``step``."""
 
-    session_id: str
+    session_id: SessionId
     """The rollout's session key, ``<run_id>.<task_index>.<rollout_index>``."""
     step: Index
     """The session's step counter this message applies to; anything else is stale."""
@@ -100,7 +111,7 @@ class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
 class Seed(Msg, kw_only=True):
     """Let the environment set up a new session's state before the first agent turn."""
 
-    session_id: str
+    session_id: SessionId
     """The rollout's session key."""
     step: Index
     """The session's step counter this message applies to."""
@@ -109,7 +120,7 @@ class Seed(Msg, kw_only=True):
 class Tools(Msg, kw_only=True):
     """Run all function calls of one agent turn, in order, and commit their outputs together."""
 
-    session_id: str
+    session_id: SessionId
     """The rollout's session key."""
     step: Index
     """The session's step counter this message applies to."""
@@ -120,7 +131,7 @@ class Tools(Msg, kw_only=True):
 class Verify(Msg, kw_only=True):
     """The rollout is finished: score the final answer and publish the Result."""
 
-    session_id: str
+    session_id: SessionId
     """The rollout's session key."""
     step: Index
     """The session's step counter this message applies to."""

@@ -8,8 +8,12 @@ written with a per-message TTL.
 
 from __future__ import annotations
 
+import asyncio
+import secrets
+
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import Header
+from nats.js.api import DeliverPolicy, Header
 from nats.js.errors import APIError, NotFoundError
 
 from broker import topology
@@ -17,6 +21,12 @@ from broker.publish import publish_raw
 from broker.schemas import Session, session_decoder, session_encoder
 
 _KV_OP = "KV-Operation"
+_WRITE = "Gymbus-Write"
+"""Header naming the write that stored a session value (see `SessionStore.update`)."""
+PHASE = "Gymbus-Phase"
+DEADLINE = "Gymbus-Deadline"
+"""Headers with the session's phase and the unix time its rollout deadline passes, so a scan for
+overdue rollouts reads headers only (see runtime/janitor.py)."""
 
 
 class StateConflict(Exception):
@@ -45,8 +55,19 @@ class SessionStore:
         return await self.update(session, last=0)
 
     async def update(self, session: Session, *, last: int, ttl_s: float | None = None) -> int:
-        """Write ``session`` iff its latest revision is still ``last``; returns the new revision."""
-        headers = {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(last)}
+        """Write ``session`` iff its latest revision is still ``last``; returns the new revision.
+
+        The write carries a token of its own: when a publish timed out after the broker stored it, its
+        retry fails the CAS check against that very write, and the token tells it apart from another
+        worker's write (which would otherwise stall the rollout: nobody emits the next message)."""
+        token = secrets.token_hex(8)
+        deadline = session.timings.submitted_at + session.options.rollout_timeout_s
+        headers = {
+            Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(last),
+            _WRITE: token,
+            PHASE: session.phase,
+            DEADLINE: f"{deadline:.3f}",
+        }
         if ttl_s is not None:
             headers[Header.MSG_TTL.value] = f"{int(ttl_s)}s"
         try:
@@ -54,10 +75,50 @@ class SessionStore:
                 self._js, self._prefix + session.session_id, session_encoder.encode(session), headers
             )
         except APIError as exc:
-            if exc.err_code in (10071, 10164):
+            if exc.err_code not in (10071, 10164):
+                raise
+            landed = await self._written_by(session.session_id, token)
+            if landed is None:
                 raise StateConflict(session.session_id) from exc
-            raise
+            return landed
         return ack.seq
+
+    async def _written_by(self, sid: str, token: str) -> int | None:
+        """The revision of the key's latest value if that value is the write carrying ``token``."""
+        try:
+            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid, direct=True)
+        except NotFoundError:
+            return None
+        return msg.seq if (msg.headers or {}).get(_WRITE) == token else None
+
+    async def overdue(self, now: float) -> list[str]:
+        """Keys of live sessions whose deadline passed before ``now`` (reads headers only)."""
+        info = await self._js.stream_info(self._stream)
+        if not info.state.messages:
+            return []
+        found: list[str] = []
+        caught_up = asyncio.Event()
+
+        async def on_msg(msg: Msg) -> None:
+            h = msg.headers or {}
+            live = h.get(PHASE) != "done" and not h.get(_KV_OP) and not h.get("Nats-Marker-Reason")
+            if live and float(h.get(DEADLINE) or 0) < now:
+                found.append(msg.subject[len(self._prefix) :])
+            if msg.metadata.num_pending == 0:
+                caught_up.set()
+
+        sub = await self._js.subscribe(
+            self._prefix + ">",
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=True,
+            cb=on_msg,
+        )
+        try:
+            await asyncio.wait_for(caught_up.wait(), timeout=60)
+        finally:
+            await sub.unsubscribe()
+        return found
 
     async def delete(self, sid: str) -> None:
         await publish_raw(self._js, self._prefix + sid, b"", {_KV_OP: "DEL"})

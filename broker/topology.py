@@ -5,6 +5,8 @@
     gym.verify.<env>     Verify             -> the environment's verifier  (stream GYM_WORK, work queue)
     gym.result.<run_id>  Result             -> collectors, the profiler    (stream GYM_RESULTS, kept)
     gym.dead.<function>  dead letters       -> operators, `gymbus replay`  (stream GYM_DEAD, kept)
+    $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.GYM_WORK.*
+                         advisories         -> the janitor                 (stream GYM_ADVISORIES, work queue)
 
     KV sessions  <run_id>.<task>.<rollout>  live rollout state (CAS on the step counter)
     KV runs      <run_id>...                 run manifests and profiler snapshots (<run_id>.profile)
@@ -36,6 +38,10 @@ from nats.js.errors import BadRequestError, NotFoundError
 WORK_STREAM = "GYM_WORK"
 RESULTS_STREAM = "GYM_RESULTS"
 DEAD_STREAM = "GYM_DEAD"
+ADVISORY_STREAM = "GYM_ADVISORIES"
+MAX_DELIVERIES_SUBJECT = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{WORK_STREAM}.*"
+"""The broker's core-NATS advisory for a work message that spent its delivery budget; captured in a
+stream so none is lost while no janitor listens (see runtime/janitor.py)."""
 SESSIONS = "sessions"
 RUNS = "runs"
 MODELS = "models"
@@ -162,6 +168,17 @@ def dead_stream() -> StreamConfig:
     )
 
 
+def advisory_stream() -> StreamConfig:
+    return StreamConfig(
+        name=ADVISORY_STREAM,
+        description="gymbus: max-deliveries advisories of the work stream, kept until the janitor moves the message",
+        subjects=[MAX_DELIVERIES_SUBJECT],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        max_age=7 * 24 * 3600.0,
+    )
+
+
 def kv_stream(bucket: str, ttl_s: float | None = None, history: int = 1) -> StreamConfig:
     """A KV bucket as its backing stream, so options nats-py's helper lacks (per-message TTL) can be set."""
     return StreamConfig(
@@ -219,6 +236,7 @@ def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
         work_stream(limits),
         results_stream(limits),
         dead_stream(),
+        advisory_stream(),
         kv_stream(SESSIONS, ttl_s=limits.session_ttl_s),
         kv_stream(RUNS),
         kv_stream(MODELS),

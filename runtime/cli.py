@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -496,6 +497,144 @@ def status(
         asyncio.run(st.show(console, nats or st.live_broker(output, None), as_json=as_json))
     except st.StatusError as exc:
         raise _fail(str(exc)) from None
+
+
+RunDirOpt = Annotated[
+    Path | None,
+    typer.Option("--run-dir", help="A run folder of `gymbus collect` (its embedded broker is started to read it)."),
+]
+
+
+@app.command("dead-letters")
+def dead_letters(
+    nats: NatsOpt = None,
+    run_dir: RunDirOpt = None,
+    run: Annotated[str | None, typer.Option("--run", help="Only this run's dead letters.")] = None,
+    function: Annotated[str | None, typer.Option("--function", "-f", help="Only this function's.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Only this failure kind (worker_lost, ...).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line, payload included.")] = False,
+) -> None:
+    """List dead letters: messages that failed for good, with their function, kind, deliveries and error.
+
+    Each one also ended its rollout as a failed Result. Fix the cause, then `gymbus replay` re-runs them.
+    """
+    from runtime import deadletters
+
+    async def listing(url: str) -> list[deadletters.Letter]:
+        from broker.connect import connect
+
+        nc = await connect(url, name="gymbus-dead-letters")
+        try:
+            return await deadletters.letters(nc.jetstream(), run_id=run, function=function, kind=kind)
+        finally:
+            await nc.close()
+
+    found = _with_broker(nats, run_dir, listing)
+    if as_json:
+        for x in found:
+            sys.stdout.write(json.dumps(x.row()) + "\n")
+        return
+    table = Table(title=f"{len(found)} dead letter(s)")
+    for col in ("seq", "function", "kind", "deliveries", "rollout", "error"):
+        table.add_column(col, overflow="fold")
+    for x in found:
+        d = x.letter
+        table.add_row(str(x.seq), d.function, d.failure_kind, str(d.num_delivered), d.session_id or "-", d.error)
+    console.print(table)
+
+
+@app.command()
+def replay(
+    seqs: Annotated[list[int] | None, typer.Argument(help="Dead-letter seqs (from `gymbus dead-letters`).")] = None,
+    nats: NatsOpt = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Re-run within this run config's local stack (with --run).")
+    ] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Only this run's dead letters.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every dead letter (of --run, if given).")] = False,
+) -> None:
+    """Re-run the rollouts of dead letters as a new attempt, once their cause is fixed.
+
+    With --nats, the new attempts are submitted to running workers. With --config and --run, the run's
+    local stack (embedded broker, workers, policy) is started as `gymbus collect --run-id` does, the
+    chosen rollouts are re-run, and runs/<run>/ is rewritten with their new Results.
+    """
+    if not seqs and not all_:
+        raise _fail("name dead letters by seq, or give --all")
+    if config is not None:
+        if not run:
+            raise _fail("--config needs --run (the run to replay into)")
+        from runtime.collect import collect as run_collect
+        from runtime.config import load_config
+
+        summary = asyncio.run(run_collect(load_config(config), run_id=run, quiet=True, replay=list(seqs or [])))
+        _print_summary(summary)
+        return
+    if not nats:
+        raise _fail("no broker: give --nats URL (or --config with --run for a local run)")
+    from runtime import deadletters
+
+    async def submit(url: str) -> list[deadletters.Replayed]:
+        from broker.connect import connect
+
+        nc = await connect(url, name="gymbus-replay")
+        try:
+            js = nc.jetstream()
+            chosen = [x for x in await deadletters.letters(js, run_id=run) if all_ or x.seq in (seqs or [])]
+            return await deadletters.replay(js, chosen)
+        finally:
+            await nc.close()
+
+    for done in asyncio.run(submit(nats)):
+        console.print(f"{done.seq}\t{done.session_id or '-'}\t{done.note}")
+
+
+@app.command()
+def janitor(
+    nats: NatsOpt = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between deadline sweeps.")] = 5.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run a janitor on its own (every worker already runs one): dead-letters messages whose delivery
+    budget ran out with no worker answering (worker_lost), fails rollouts past their deadline (timeout),
+    and fails messages on subjects no worker serves (invalid_input). Until SIGTERM.
+    """
+    from broker import topology
+    from broker.connect import connect
+    from runtime.janitor import Janitor
+
+    _logging(verbose)
+    if not nats:
+        raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        nc = await connect(nats, name="gymbus-janitor")
+        try:
+            limits = topology.Limits.from_env()
+            await topology.ensure(nc.jetstream(), limits)
+            await Janitor(nc.jetstream(), limits, holder=f"janitor-{os.getpid()}", scan_interval_s=interval).run(stop)
+        finally:
+            await nc.close()
+
+    asyncio.run(serve())
+
+
+def _with_broker(nats: str | None, run_dir: Path | None, fn: Any) -> Any:
+    """Run ``fn(url)`` against --nats, or against a run folder's embedded broker started for the purpose."""
+    if nats:
+        return asyncio.run(fn(nats))
+    if run_dir is None:
+        raise _fail("no broker: give --nats URL or --run-dir runs/<run_id>")
+    if not (run_dir / "broker").is_dir():
+        raise _fail(f"{run_dir} has no broker/ folder: not a run folder of `gymbus collect`")
+    from broker.server import EmbeddedServer
+
+    with EmbeddedServer(run_dir / "broker", log_file=run_dir / "logs" / "nats-server.log") as broker:
+        return asyncio.run(fn(broker.url))
 
 
 def main() -> None:

@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from broker import topology
 from broker.connect import connect
 from broker.publish import publish
-from broker.schemas import Result, Start, Timings, Usage, result_decoder, session_id
+from broker.schemas import Result, Start, Timings, Usage, encoder, result_decoder, session_id
 from broker.sessions import SessionStore
-from runtime import tracing
+from runtime import deadletters, tracing
 from runtime.config import RunConfig
 from runtime.handlers import publish_orphan_failure
 from runtime.model_client import register
@@ -257,8 +258,18 @@ def _load_env(cfg: RunConfig) -> Environment | None:
     return fn
 
 
-async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = False, console: Any = None) -> Summary:
-    """Run (or resume) a collection and write its folder; returns what was gathered."""
+async def collect(
+    cfg: RunConfig,
+    *,
+    run_id: str | None = None,
+    quiet: bool = False,
+    console: Any = None,
+    replay: list[int] | None = None,
+) -> Summary:
+    """Run (or resume) a collection and write its folder; returns what was gathered.
+
+    ``replay`` (dead-letter sequences; empty: all of this run's) re-runs those rollouts as a new
+    attempt and waits for them (see runtime/deadletters.py)."""
     run_id = run_id or new_run_id()
     if not topology_name_ok(run_id):
         raise InputError(f"run id {run_id!r} must be 1-64 letters, digits, '-' or '_'")
@@ -349,7 +360,9 @@ async def collect(cfg: RunConfig, *, run_id: str | None = None, quiet: bool = Fa
         feed.on_result = on_result
         with progress:
             summary.submitted = await _submit(js, cfg, run_id, task_by_index, attempts, env, roots)
-            await _wait(feed, expected, stack, cfg, progress)
+            wanted = await _replay(js, run_id, replay) if replay is not None else {}
+            summary.submitted += len(wanted)
+            await _wait(feed, expected, stack, cfg, progress, wanted)
         await feed.stop()
     finally:
         summary.wall_s = time.time() - t_start
@@ -440,19 +453,48 @@ async def _submit(
                 )
                 return
             start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
-            with roots.submitting(start, sid) if roots else contextlib.nullcontext():
-                await publish(js, subject, start, f"{sid}:start:{attempt}")
+            try:
+                with roots.submitting(start, sid) if roots else contextlib.nullcontext():
+                    await publish(js, subject, start, f"{sid}:start:{attempt}")
+            except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
+                reason = (
+                    f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
+                    f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
+                )
+                await publish_orphan_failure(js, sid, "invalid_input", reason, (run_id, task_index, rollout, attempt))
 
     await asyncio.gather(*(one(t, r, a) for (t, r), a in sorted(attempts.items())))
     return len(attempts)
 
 
+async def _replay(js: JetStreamContext, run_id: str, seqs: list[int]) -> dict[tuple[int, int], int]:
+    """Re-submit dead-lettered rollouts of the run; returns the attempt each now waits for."""
+    chosen = [x for x in await deadletters.letters(js, run_id=run_id) if not seqs or x.seq in seqs]
+    wanted = {}
+    for done in await deadletters.replay(js, chosen):
+        log.warning("replay of dead letter %d (%s): %s", done.seq, done.session_id, done.note)
+        if done.attempt is not None and done.session_id:
+            _, task, rollout = done.session_id.rsplit(".", 2)
+            wanted[(int(task), int(rollout))] = done.attempt
+    return wanted
+
+
 async def _wait(
-    feed: ResultsFeed, expected: set[tuple[int, int]], stack: LocalStack | None, cfg: RunConfig, progress: RunProgress
+    feed: ResultsFeed,
+    expected: set[tuple[int, int]],
+    stack: LocalStack | None,
+    cfg: RunConfig,
+    progress: RunProgress,
+    wanted: dict[tuple[int, int], int] | None = None,
 ) -> None:
     restarts: Counter[str] = Counter()
+    wanted = wanted or {}
     while True:
-        done = {(r.task_index, r.rollout_index) for r in feed.results.values()}
+        done = {
+            (r.task_index, r.rollout_index)
+            for r in feed.results.values()
+            if r.attempt >= wanted.get((r.task_index, r.rollout_index), 0)
+        }
         if expected <= done:
             return
         feed.changed.clear()

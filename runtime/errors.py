@@ -6,13 +6,15 @@
     ├── ContextLength    context_length   the conversation no longer fits the model's context
     ├── ToolError        tool_error       an environment tool raised
     ├── VerifierError    verifier_error   the verifier raised
-    ├── Timeout          timeout          a step or the rollout ran past its deadline
+    ├── Timeout          timeout          a step ran past its deadline
+    │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
     └── Cancelled        cancelled        the user cancelled the rollout
 
 A handler raises one of these (or the runtime wraps a foreign exception into one at its boundary:
-the model client, the tool runner, the verifier). The worker then looks the kind up in the retry
-policy: a retried kind is redelivered with backoff until the delivery budget is spent, the others
-end the rollout at once. Either way the rollout ends as exactly one failed Result, never reward 0.
+the model client, the tool runner, the verifier). The worker then looks the kind up in the run's
+retry policy (``runtime.policy``; ``Options.retry`` per run): a retried kind is redelivered with
+backoff until the delivery budget is spent, the others end the rollout at once. Either way the
+rollout ends as exactly one failed Result, never reward 0.
 Anything else that escapes a handler is a bug, reported with kind ``internal`` after its retries.
 """
 
@@ -74,6 +76,12 @@ class Timeout(GymError):
     kind = "timeout"
 
 
+class DeadlineExceeded(Timeout):
+    """The rollout ran past ``rollout_timeout_s``: retrying cannot help, so it never is."""
+
+    retry = False
+
+
 class Cancelled(GymError):
     """The rollout was cancelled."""
 
@@ -90,6 +98,4 @@ class Retry(Exception):
 
 
 RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "internal"})
-"""Kinds redelivered with backoff until the delivery budget is spent. The model client already
-retries model calls itself (one retry layer only), and invalid input, context length, timeouts and
-cancellation are deterministic, so those end the rollout on the first occurrence."""
+"""The default retry policy (``runtime.policy.DEFAULT_RETRY``; a run overrides it with ``Options.retry``)."""

@@ -44,12 +44,14 @@ from broker.schemas import (
     Timings,
     Tools,
     Verify,
+    encoder,
     parse_session_id,
+    session_encoder,
     session_id,
 )
 from broker.sessions import SessionStore, StateConflict
 from runtime import genai, spans
-from runtime.errors import GymError, InvalidInput, Timeout, ToolError, VerifierError
+from runtime.errors import ContextLength, DeadlineExceeded, GymError, InvalidInput, Timeout, ToolError, VerifierError
 from runtime.sdk import Agent, AgentContext, CallTools, Context, Environment, Respond, Rollout, Verdict
 
 log = logging.getLogger("gymbus.runtime")
@@ -88,6 +90,7 @@ class Runtime:
 
     async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
         """Apply the transition (step + 1) by CAS and emit its message; False if another worker won."""
+        fit(s, max_record_bytes(self.js))
         t = s.timings
         t.hops += 1
         t.queue_s += d.queued_s
@@ -95,13 +98,22 @@ class Runtime:
         if s.phase == "done" and s.result is not None:
             s.result = msgspec.structs.replace(s.result, timings=_finished(t))
         s.step += 1
+        # a failed rollout's session outlives the short done TTL (bucket TTL), so `gymbus replay` can re-run it
+        ttl = self.done_ttl_s if s.phase == "done" and s.result is not None and not s.result.failed else None
         try:
-            await self.store.update(s, last=rev, ttl_s=self.done_ttl_s if s.phase == "done" else None)
+            await self.store.update(s, last=rev, ttl_s=ttl)
         except StateConflict:
             log.debug("session %s step %d: applied by another worker", s.session_id, s.step - 1)
+            await self._reemit(s.session_id, s.step)
             return False
         await self.emit(s)
         return True
+
+    async def _reemit(self, sid: str, step: int) -> None:
+        """After a lost race, publish what the winner's state calls for (a no-op if it already did)."""
+        loaded = await self.store.get(sid)
+        if loaded is not None and loaded[0].step == step:
+            await self.emit(loaded[0])
 
 
 def next_message(s: Session) -> tuple[str, Msg]:
@@ -160,7 +172,7 @@ async def deadline(s: Session) -> AsyncIterator[None]:
     o = s.options
     left = s.timings.submitted_at + o.rollout_timeout_s - time.time()
     if left <= 0:
-        raise Timeout(f"rollout exceeded rollout_timeout_s={o.rollout_timeout_s:g}")
+        raise DeadlineExceeded(f"rollout exceeded rollout_timeout_s={o.rollout_timeout_s:g}")
     budget = min(o.step_timeout_s, left)
     try:
         async with asyncio.timeout(budget) as cm:
@@ -168,8 +180,9 @@ async def deadline(s: Session) -> AsyncIterator[None]:
     except TimeoutError as exc:
         if not cm.expired():
             raise
-        which = "step_timeout_s" if budget == o.step_timeout_s else "rollout_timeout_s"
-        raise Timeout(f"step {s.step} ({s.phase}) exceeded {which}={getattr(o, which):g}") from exc
+        if budget == o.step_timeout_s:
+            raise Timeout(f"step {s.step} ({s.phase}) exceeded step_timeout_s={o.step_timeout_s:g}") from exc
+        raise DeadlineExceeded(f"step {s.step} ({s.phase}) exceeded rollout_timeout_s={o.rollout_timeout_s:g}") from exc
 
 
 class CreateParams(msgspec.Struct):
@@ -314,26 +327,37 @@ async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> N
 
 async def run_tools(env: Environment, s: Session, calls: list[FunctionCall]) -> list[dict[str, Any]]:
     """Run the calls in order. A call the model got wrong (unknown tool, bad JSON, schema) is answered
-    with an error output the model can read; a tool that raises is a ``tool_error``."""
+    with an error output the model can read, or fails the rollout with ``invalid_input`` under
+    ``options.invalid_tool_calls: fail``; a tool that raises is a ``tool_error``."""
     ctx = Context(s.session_id, env.task(s), s.env_state)
+    strict = s.options.invalid_tool_calls == "fail"
     outputs = []
-    for call in calls:
+    for n, call in enumerate(calls):
         t0 = time.perf_counter()
-        output = await genai.tool_call(s.session_id, call, _call(env, ctx, call))
+        try:
+            output = await genai.tool_call(s.session_id, call, _call(env, ctx, call))
+        except InvalidCall as exc:
+            if strict:
+                raise InvalidInput(f"tool call {n} ({call.call_id}) of turn {s.turns_taken}: {exc}") from None
+            output = f"error: {exc}"
         outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": output})
         s.timings.tool_s += time.perf_counter() - t0
         s.timings.tool_calls += 1
     return outputs
 
 
+class InvalidCall(Exception):
+    """The model's tool call cannot be run as written (unknown tool, bad JSON, schema violation)."""
+
+
 async def _call(env: Environment, ctx: Context[Any], call: FunctionCall) -> str:
     tool = env.by_name.get(call.name)
     if tool is None:
-        return f"error: unknown tool {call.name!r}; this environment has {sorted(env.by_name)}"
+        raise InvalidCall(f"unknown tool {call.name!r}; this environment has {sorted(env.by_name)}")
     try:
         args = tool.parse(call.arguments)
     except InvalidInput as exc:
-        return f"error: {exc.reason}"
+        raise InvalidCall(exc.reason) from None
     try:
         value = await tool(ctx, args)
     except GymError:
@@ -413,8 +437,9 @@ async def fail(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: Deliver
     for _ in range(5):
         loaded = await rt.store.get(sid)
         if loaded is None:
-            if not isinstance(msg, Start):
-                await publish_orphan_failure(rt.js, sid, kind, reason)
+            if not isinstance(msg, Start):  # its session expired or never was: record the failure on a stub
+                run_id, task, rollout = parse_session_id(sid)
+                await fail_by_ids(rt, (run_id, task, rollout, 0), kind, reason, d)
                 return
             s, rev = new_session_or_stub(msg, d), 0
         else:
@@ -425,7 +450,7 @@ async def fail(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: Deliver
                 if msg.attempt > s.attempt:
                     base = s.step
                     s, rev = new_session_or_stub(msg, d, base), rev
-            elif s.step != step:
+            elif s.step != step or s.phase == "done":  # moved on without this message, or already ended
                 return await _reemit_if(rt, s, (step or 0) + 1)
         s.result = build_result(s, failure=(kind, reason))
         s.phase = "done"
@@ -444,25 +469,51 @@ def new_session_or_stub(msg: Start, d: Delivery, base: int = 0) -> Session:
     try:
         return new_session(msg, base, d)
     except GymError:
-        sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
-        return Session(
-            session_id=sid,
-            run_id=msg.run_id,
-            task_index=msg.task_index,
-            rollout_index=msg.rollout_index,
-            attempt=msg.attempt,
-            agent=msg.agent,
-            env=msg.env,
-            model=msg.model,
-            step=base,
-            base_step=base,
-            phase="model",
-            params={},
-            meta=msg.meta,
-            options=msg.options,
-            timings=Timings(submitted_at=d.published_at),
-            headers=d.headers,
+        return stub_session(
+            (msg.run_id, msg.task_index, msg.rollout_index, msg.attempt), d, base, msg.agent, msg.env, msg.model
         )
+
+
+def stub_session(
+    ids: tuple[str, int, int, int], d: Delivery, base: int = 0, agent: str = "", env: str = "", model: str = ""
+) -> Session:
+    """A session holding only a rollout's identity, to record its failure."""
+    run_id, task, rollout, attempt = ids
+    return Session(
+        session_id=session_id(run_id, task, rollout),
+        run_id=run_id,
+        task_index=task,
+        rollout_index=rollout,
+        attempt=attempt,
+        agent=agent,
+        env=env,
+        model=model,
+        step=base,
+        base_step=base,
+        phase="model",
+        params={},
+        timings=Timings(submitted_at=d.published_at),
+        headers=d.headers,
+    )
+
+
+async def fail_by_ids(rt: Runtime, ids: tuple[str, int, int, int], kind: FailureKind, reason: str, d: Delivery) -> None:
+    """Fail the rollout a message names when the message cannot say more (unreadable, or its session
+    is gone), unless that rollout lives on without it.
+
+    A live (or finished) session of the same or a later attempt is left alone: a stray corrupt copy
+    must not end a healthy rollout (if it was the rollout's only next message, the janitor's deadline
+    ends it). Otherwise the failure is committed like any other, so the rollout gets exactly one Result."""
+    run_id, task, rollout, attempt = ids
+    sid = session_id(run_id, task, rollout)
+    loaded = await rt.store.get(sid)
+    if loaded is not None and loaded[0].attempt >= attempt:
+        log.warning("a stray message for live rollout %s (attempt %d) left it running: %s", sid, attempt, reason)
+        return
+    s, rev = stub_session(ids, d, loaded[0].step if loaded else 0), loaded[1] if loaded else 0
+    s.result = build_result(s, failure=(kind, reason))
+    s.phase = "done"
+    await rt.commit(s, rev, d, time.perf_counter())
 
 
 async def publish_orphan_failure(
@@ -488,6 +539,37 @@ async def publish_orphan_failure(
         timings=_finished(Timings()),
     )
     await publish(js, topology.result_subject(run_id), result, f"{result.session_id}:failed:{attempt}")
+
+
+RECORD_HEADROOM = 64 * 1024
+"""Bytes kept free under the broker's max_payload for headers."""
+
+
+def max_record_bytes(js: JetStreamContext) -> int:
+    """Largest session record or Result this broker takes: its max_payload (8 MiB shipped, 1 MiB default)."""
+    nc = getattr(js, "_nc", None)
+    server = getattr(nc, "max_payload", 0) or topology.MAX_MSG_SIZE
+    return min(server, topology.MAX_MSG_SIZE) - RECORD_HEADROOM
+
+
+def fit(s: Session, limit: int) -> None:
+    """Keep a session (and its Result) within ``limit`` bytes.
+
+    A live rollout that outgrows it fails with ``context_length`` (the transcript no longer fits a
+    message); a finished one that does is kept as a failure whose output is dropped, so it still ends
+    as one Result with its reason, never as a lost rollout."""
+    size = max(len(session_encoder.encode(s)), len(encoder.encode(s.result)) if s.result else 0)
+    if size <= limit:
+        return
+    reason = f"the rollout's record is {size / 2**20:.1f} MiB, over the {limit / 2**20:.1f} MiB message limit"
+    if s.phase != "done":
+        raise ContextLength(reason)
+    kind, why = (s.result.failure_kind, s.result.failure_reason) if s.result and s.result.failed else (None, None)
+    s.items, s.pending, s.env_state, s.turns = s.items[: s.n_input], [], {}, []
+    if len(session_encoder.encode(s)) > limit:
+        s.items, s.n_input, s.params, s.meta = [], 0, {}, {}
+    s.result = build_result(s, failure=(kind or "context_length", f"{why}; {reason}" if why else reason))
+    s.result = msgspec.structs.replace(s.result, output=[])
 
 
 Handler = Callable[[Runtime, Any, Msg, Delivery], Awaitable[None]]

@@ -79,7 +79,8 @@ class Harness:
         """Run a worker for ``function`` as a task of this event loop, until the harness exits."""
         fn = load(function) if isinstance(function, str) else function
         options.setdefault("limits", self.limits)
-        w = Worker(fn, nats_url=self.broker.url, **options)
+        options.setdefault("nats_url", self.broker.url)
+        w = Worker(fn, **options)
         task = asyncio.create_task(w.run())
         self._workers.append((w, task))
         await asyncio.wait({task, asyncio.create_task(w.ready.wait())}, return_when=asyncio.FIRST_COMPLETED)

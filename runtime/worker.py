@@ -9,8 +9,8 @@ permanent ones. It holds no state between messages (DESIGN invariant 4); SIGTERM
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
+import os
 import random
 import signal
 import time
@@ -26,23 +26,22 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.connect import connect
-from broker.publish import publish_raw
 from broker.schemas import (
-    DeadLetter,
     FailureKind,
     Msg,
+    Options,
     Start,
     agent_decoder,
-    encoder,
-    session_id,
     tool_decoder,
     verify_decoder,
 )
 from broker.sessions import SessionStore
 from broker.topology import Limits, Role
-from runtime import genai, handlers, spans
+from runtime import genai, handlers, policy, spans
+from runtime.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.handlers import Delivery, Runtime
+from runtime.janitor import Janitor
 from runtime.metrics import HttpServer, WorkerMetrics
 from runtime.model_client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
@@ -95,6 +94,11 @@ class Worker:
     drain_timeout_s: float = 30.0
     fetch_timeout_s: float = 1.0
     retried_kinds: frozenset[FailureKind] = RETRIED_KINDS
+    """The retry policy of rollouts whose ``Options.retry`` is None (see runtime/policy.py)."""
+    heartbeat: bool = True
+    """Send in-progress acks every ack_wait/3 while a handler runs (off only to test what they prevent)."""
+    janitor: bool = True
+    """Also run a janitor (dead letters of lost messages, rollout deadlines); see runtime/janitor.py."""
     http_port: int | None = None
     """Serve /metrics and /healthz on 0.0.0.0:PORT (0: any free port, written back here); None: off."""
     stats: Counter[str] = field(default_factory=Counter)
@@ -142,6 +146,9 @@ class Worker:
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)
                 psub = await js.pull_subscribe_bind(consumer=durable, stream=topology.WORK_STREAM)
                 loops.append(asyncio.create_task(self._loop(rt, psub, role, _Slots(self.concurrency))))
+            if self.janitor:
+                jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
+                loops.append(asyncio.create_task(jan.run(self._stopping)))
             self.ready.set()
             log.info(
                 "worker %s serving %s",
@@ -191,25 +198,27 @@ class Worker:
             headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")},
         )
         hop = spans.hop(m.subject, topology.durable(role, self.name), d, len(m.data))
-        beat = asyncio.create_task(self._heartbeat(m))
+        beat = asyncio.create_task(self._heartbeat(m) if self.heartbeat else asyncio.sleep(0))
         self.stats["in_flight"] += 1
+        self.stats["redelivered"] += md.num_delivered > 1
         try:
             try:
                 msg = decode(m.data)
             except msgspec.DecodeError as exc:
                 await self._reject(rt, m, role, exc, d)
                 return
-            hop.message(type(msg).__name__.lower(), _sid(msg))
+            hop.message(type(msg).__name__.lower(), sid_of(msg))
             try:
                 await handle(rt, self.function, msg, d)
             except Retry as exc:
                 await self._retry_or_fail(rt, m, role, msg, "internal", exc.reason, d, True, exc.delay)
             except GymError as exc:
-                retry = exc.retry if exc.retry is not None else exc.kind in self.retried_kinds
+                retry = exc.retry if exc.retry is not None else await self._retried(rt, msg, exc.kind)
                 await self._retry_or_fail(rt, m, role, msg, exc.kind, exc.reason, d, retry)
             except Exception as exc:
                 log.exception("%s: unexpected error handling %s", self.name, type(msg).__name__)
-                await self._retry_or_fail(rt, m, role, msg, "internal", f"{type(exc).__name__}: {exc}", d, True)
+                retry = await self._retried(rt, msg, "internal")
+                await self._retry_or_fail(rt, m, role, msg, "internal", f"{type(exc).__name__}: {exc}", d, retry)
             else:
                 await m.ack()
                 self.stats["processed"] += 1
@@ -222,6 +231,15 @@ class Worker:
             self.metrics.observe(self.name, role, time.time() - d.received_at, d.queued_s)
             hop.end()
             await slots.give()
+
+    async def _retried(self, rt: Runtime, msg: Msg, kind: FailureKind) -> bool:
+        """The rollout's retry policy for ``kind``: the Start's options, else its session's."""
+        options: Options | None = msg.options if isinstance(msg, Start) else None
+        sid = sid_of(msg)
+        if options is None and sid is not None:
+            loaded = await rt.store.get(sid)
+            options = loaded[0].options if loaded else None
+        return policy.retried(options, kind, self.retried_kinds)
 
     async def _heartbeat(self, m: NatsMsg) -> None:
         """Keep a long handler's message from being redelivered while it still runs."""
@@ -252,7 +270,7 @@ class Worker:
             return
         if retry:
             reason = f"{reason} (gave up after {d.num_delivered} deliveries)"
-            await self._dead_letter(rt, m, role, kind, reason, d, _sid(msg))
+            await self._dead_letter(rt, m, role, kind, reason, d, sid_of(msg))
         await handlers.fail(rt, msg, kind, reason, d)
         self.stats[f"failed:{kind}"] += 1
         spans.settled("fail", kind, reason)
@@ -261,11 +279,10 @@ class Worker:
     async def _reject(self, rt: Runtime, m: NatsMsg, role: Role, exc: msgspec.DecodeError, d: Delivery) -> None:
         """A message that does not decode is permanent: dead-letter it and fail its rollout if it names one."""
         reason = f"invalid {role} message: {exc}"
-        ids = _lenient_ids(m.data)
+        ids = lenient_ids(m.data)
         await self._dead_letter(rt, m, role, "invalid_input", reason, d, ids[0] if ids else None)
         if ids:
-            sid, run_id, task, rollout, attempt = ids
-            await handlers.publish_orphan_failure(rt.js, sid, "invalid_input", reason, (run_id, task, rollout, attempt))
+            await handlers.fail_by_ids(rt, ids[1:], "invalid_input", reason, d)
         else:
             log.error("%s: dropped a message naming no rollout (dead-lettered): %s", self.name, reason)
         self.stats["failed:invalid_input"] += 1
@@ -275,26 +292,17 @@ class Worker:
     async def _dead_letter(
         self, rt: Runtime, m: NatsMsg, role: Role, kind: FailureKind, error: str, d: Delivery, sid: str | None
     ) -> None:
-        try:
-            payload, encoding = m.data.decode(), "utf-8"
-        except UnicodeDecodeError:
-            payload, encoding = base64.b64encode(m.data).decode(), "base64"
-        seq = m.metadata.sequence.stream
-        letter = DeadLetter(
+        await dead_letter(
+            rt.js,
             function=self.name,
             subject=m.subject,
-            stream_seq=seq,
+            stream_seq=m.metadata.sequence.stream,
+            data=m.data,
+            headers=m.headers,
             num_delivered=d.num_delivered,
-            failure_kind=kind,
+            kind=kind,
             error=error,
-            session_id=sid,
-            payload=payload,
-            payload_encoding=encoding,  # type: ignore[arg-type]
-            headers=dict(m.headers or {}),
-            dead_at=time.time(),
-        )
-        await publish_raw(
-            rt.js, topology.dead_subject(self.name), encoder.encode(letter), {"Nats-Msg-Id": f"dead:{seq}"}
+            sid=sid,
         )
 
     async def _drain(self) -> None:
@@ -311,34 +319,6 @@ class Worker:
 def backoff(num_delivered: int) -> float:
     """Delay before redelivery: 0.5 s doubling per delivery, capped at 30 s, with ±25% jitter."""
     return min(30.0, 0.5 * 2 ** (num_delivered - 1)) * random.uniform(0.75, 1.25)
-
-
-def _sid(msg: Msg) -> str | None:
-    if isinstance(msg, Start):
-        return session_id(msg.run_id, msg.task_index, msg.rollout_index)
-    return getattr(msg, "session_id", None)
-
-
-def _lenient_ids(data: bytes) -> tuple[str, str, int, int, int] | None:
-    """(session, run, task, rollout, attempt) from a message that failed strict decoding, if it has them."""
-    try:
-        raw = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return None
-    if not isinstance(raw, dict):
-        return None
-    try:
-        if isinstance(raw.get("session_id"), str):
-            run_id, task, rollout = raw["session_id"].rsplit(".", 2)
-            ids = (run_id, int(task), int(rollout), 0)
-        else:
-            ids = (raw["run_id"], int(raw["task_index"]), int(raw.get("rollout_index", 0)), int(raw.get("attempt", 0)))
-    except (KeyError, ValueError, TypeError):
-        return None
-    run_id = ids[0]
-    if not isinstance(run_id, str) or not run_id or not all(c.isalnum() or c in "-_" for c in run_id):
-        return None
-    return (session_id(run_id, ids[1], ids[2]), run_id, ids[1], ids[2], ids[3])
 
 
 async def _close(nc: Client) -> None:

@@ -4,7 +4,8 @@ Each step calls the model with the conversation and the task's tools. If the mod
 function calls and ``max_steps`` is not reached, they go to the environment and the agent steps
 again when their outputs are in; otherwise the rollout goes to the verifier. A call with invalid
 JSON arguments, an unknown tool name or arguments that fail the tool's schema is answered with an
-error output the model reads on its next turn (the environment runtime does that), never a crash.
+error output the model reads on its next turn (the environment runtime does that), never a crash;
+a run with ``invalid_tool_calls: fail`` ends the rollout as ``invalid_input`` instead.
 """
 
 from runtime.sdk import Agent, AgentContext, CallTools, Finish, function_calls

@@ -1,0 +1,117 @@
+"""Every failure kind, driven through its real path, ends as one failed Result with no reward.
+
+No code path may turn an exception into a reward of 0 (a crashed verifier, a dead model or a lost
+worker is not a wrong answer). The test enumerates `FailureKind`, so a new kind without a case fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import typing
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import pytest
+
+from broker import topology
+from broker.schemas import FailureKind, Result
+from runtime.janitor import Janitor
+from runtime.model_client import register
+from runtime.testing import Harness
+from tests import fault_suite as fs
+from tests.faulty_policy import FaultyPolicy
+
+Case = Callable[[Harness], Awaitable[None]]
+
+
+async def _workers(h: Harness, accuracy: float = 1.0) -> None:
+    await h.simulate(fs.MATH_TASKS, accuracy=accuracy)
+    await h.worker("simple_agent")
+    await h.worker(fs.FAULTS_ENV)
+
+
+async def _fault(h: Harness, fault: str) -> None:
+    await _workers(h)
+    [start] = fs.starts("kind", 1, env="faults", faults={0: fault})
+    await h.submit(start)
+
+
+async def invalid_input(h: Harness) -> None:
+    await _workers(h)
+    [start] = fs.starts("kind", 1, env="faults")
+    await h.submit(msgspec.structs.replace(start, responses_create_params={"input": 5}))
+
+
+async def _policy(h: Harness, **faults: typing.Any) -> None:
+    upstream = await h.simulate(fs.MATH_TASKS, accuracy=1.0)
+    proxy = FaultyPolicy(upstream, **faults)
+    await register(h.js, "policy", [await proxy.start()])
+    h.cleanups.append(proxy.stop)  # type: ignore[attr-defined]
+    await h.worker("simple_agent")
+    await h.worker(fs.FAULTS_ENV)
+    [start] = fs.starts("kind", 1, env="faults", step_timeout_s=1.0)
+    await h.submit(start)
+
+
+async def worker_lost(h: Harness) -> None:
+    """Two deliveries taken by 'workers' that die before answering; then the broker gives up."""
+    await topology.ensure_consumer(h.js, "agent", "ghost", h.limits)
+    [start] = fs.starts("kind", 1, agent="ghost")
+    await h.submit(start, subject=topology.agent_subject("ghost"))
+    psub = await h.js.pull_subscribe_bind(consumer="agent-ghost", stream=topology.WORK_STREAM)
+    stop = asyncio.Event()
+    janitor = asyncio.create_task(Janitor(h.js, h.limits, holder="test").run(stop))
+    h.cleanups.append(lambda: _stop(stop, janitor))  # type: ignore[attr-defined]
+    for _ in range(h.limits.max_deliver + 1):  # the last pull is refused: the advisory goes out
+        try:
+            await psub.fetch(1, timeout=h.limits.ack_wait_s + 0.5)
+        except TimeoutError:
+            pass
+
+
+async def _stop(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    stop.set()
+    await task
+
+
+CASES: dict[FailureKind, Case] = {
+    "invalid_input": invalid_input,
+    "model_error": lambda h: _policy(h, mode="reject"),
+    "context_length": lambda h: _policy(h, mode="context"),
+    "tool_error": lambda h: _fault(h, "tool"),
+    "verifier_error": lambda h: _fault(h, "verifier"),
+    "timeout": lambda h: _policy(h, hang=1.0, hang_s=10.0),
+    "worker_lost": worker_lost,
+    "cancelled": lambda h: _fault(h, "cancel"),
+    "internal": lambda h: _fault(h, "internal"),
+}
+
+
+def test_every_failure_kind_has_a_case() -> None:
+    assert set(CASES) == set(typing.get_args(FailureKind))
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+async def test_failure_is_never_a_reward(tmp_path: typing.Any, kind: FailureKind) -> None:
+    limits = topology.Limits(ack_wait_s=1.0, max_deliver=2)
+    async with Harness(tmp_path / "broker", limits=limits) as h:
+        h.cleanups = []  # type: ignore[attr-defined]
+        try:
+            await CASES[kind](h)
+            [result] = await h.results("kind", 1, timeout=30)
+            await asyncio.sleep(0.5)
+            stored = await h.read(topology.result_subject("kind"))
+        finally:
+            for cleanup in h.cleanups:  # type: ignore[attr-defined]
+                await cleanup()
+    assert len(stored) == 1, stored
+    assert result.failure_kind == kind, result
+    assert result.reward is None and result.failure_reason
+    assert msgspec.json.decode(msgspec.json.encode(result)).get("reward") is None  # absent on the wire
+    assert _retried_once_at_most(result, kind)
+
+
+def _retried_once_at_most(result: Result, kind: str) -> bool:
+    """Deterministic kinds end on the first delivery; their reasons never mention giving up."""
+    gave_up = "gave up after" in (result.failure_reason or "")
+    return gave_up == (kind in ("tool_error", "verifier_error", "internal"))
