@@ -6,6 +6,10 @@ the same ``Nats-Msg-Id`` is safe, because the stream drops a repeated id inside 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 import stamina
 from nats.errors import ConnectionReconnectingError
 from nats.js import JetStreamContext
@@ -13,11 +17,27 @@ from nats.js.api import Header, PubAck
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from broker.schemas import Msg, encoder
-from runtime.spans import sending
 
 RETRY_ON = (TimeoutError, NoStreamResponseError, ServiceUnavailableError, ConnectionReconnectingError)
 PUBLISH_TIMEOUT_S = 5.0
 PUBLISH_BUDGET_S = 120.0
+
+Sending = Callable[[str, dict[str, str], str], AbstractContextManager[None]]
+"""Wraps one publish: (subject, headers it may add to, message id)."""
+
+
+def _untraced(subject: str, headers: dict[str, str], msg_id: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+_sending: Sending = _untraced
+
+
+def instrument(sending: Sending) -> None:
+    """Wrap every `publish` in ``sending``: how tracing (runtime/tracing.py) injects trace context
+    and opens a PRODUCER span, without the broker layer depending on it."""
+    global _sending
+    _sending = sending
 
 
 async def publish_raw(
@@ -43,5 +63,5 @@ async def publish(
     """Publish a wire message with its deterministic id, carrying the rollout's trace context."""
     hdrs = dict(headers) if headers else {}
     hdrs[Header.MSG_ID.value] = msg_id
-    with sending(subject, hdrs, msg_id):
+    with _sending(subject, hdrs, msg_id):
         return await publish_raw(js, subject, encoder.encode(msg), hdrs)

@@ -210,26 +210,11 @@ def input_items(params: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def new_session(msg: Start, base_step: int, d: Delivery) -> Session:
-    sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
+    """The session a Start opens; InvalidInput (naming the field) if its create params are malformed."""
+    ids = (msg.run_id, msg.task_index, msg.rollout_index, msg.attempt)
+    s = stub_session(ids, d, base_step, msg.agent, msg.env, msg.model)
+    s.meta, s.options = msg.meta, msg.options
     params = dict(msg.responses_create_params)
-    s = Session(
-        session_id=sid,
-        run_id=msg.run_id,
-        task_index=msg.task_index,
-        rollout_index=msg.rollout_index,
-        attempt=msg.attempt,
-        agent=msg.agent,
-        env=msg.env,
-        model=msg.model,
-        step=base_step,
-        base_step=base_step,
-        phase="model",
-        params={},
-        meta=msg.meta,
-        options=msg.options,
-        timings=Timings(submitted_at=d.published_at),
-        headers=d.headers,
-    )
     s.items = input_items(params)
     s.n_input = len(s.items)
     params.pop("input", None)

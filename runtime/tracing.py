@@ -78,7 +78,11 @@ def install(provider: Any) -> None:
     global TRACER, CAPTURE_CONTENT, _provider
     from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 
+    from broker import publish
+    from runtime import spans
+
     _provider = provider
+    publish.instrument(spans.sending)
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # the global can be set once
         trace.set_tracer_provider(provider)
     TRACER = provider.get_tracer("gymbus")
