@@ -32,7 +32,7 @@ from nats.js.api import DeliverPolicy
 from broker import topology
 from broker.connect import connect
 from broker.publish import publish
-from broker.schemas import Result, Start, Timings, Usage, encoder, result_decoder, session_id
+from broker.schemas import Result, Start, encoder, result_decoder, session_id
 from broker.sessions import SessionStore
 from runtime import deadletters, tracing
 from runtime.config import RunConfig
@@ -40,6 +40,7 @@ from runtime.handlers import publish_orphan_failure
 from runtime.model_client import register
 from runtime.profile import Profile
 from runtime.progress import RunProgress
+from runtime.rows import output_row, result_from_row
 from runtime.sdk import Environment, load
 from runtime.spans import RolloutSpans
 from runtime.stack import LocalStack
@@ -110,51 +111,6 @@ def build_start(
         meta=meta,
         options=cfg.limits.options(),
     )
-
-
-def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
-    """A NeMo Gym-compatible output row: the input row plus response, reward and ids."""
-    row = dict(task_row or {})
-    row.update(
-        {
-            "task_index": r.task_index,
-            "rollout_index": r.rollout_index,
-            "session_id": r.session_id,
-            "attempt": r.attempt,
-            "response": {"output": r.output, "usage": msgspec.to_builtins(r.usage)},
-            "reward": r.reward,
-            "verifier": r.verifier,
-            "sampling": r.sampling,
-            "timings": {**msgspec.to_builtins(r.timings), "total_s": r.timings.total_s},
-        }
-    )
-    if r.turns:
-        row["turns"] = msgspec.to_builtins(r.turns)
-    if r.failed:
-        row["failure_kind"] = r.failure_kind
-        row["failure_reason"] = r.failure_reason
-    return row
-
-
-def result_from_row(row: dict[str, Any]) -> Result | None:
-    """A Result rebuilt from a ``rollouts.jsonl`` row (for resume when the stream lost it)."""
-    try:
-        return Result(
-            session_id=row["session_id"],
-            run_id=row["session_id"].rsplit(".", 2)[0],
-            task_index=row["task_index"],
-            rollout_index=row["rollout_index"],
-            attempt=row.get("attempt", 0),
-            reward=row.get("reward"),
-            failure_kind=row.get("failure_kind"),
-            failure_reason=row.get("failure_reason"),
-            verifier=row.get("verifier") or {},
-            output=(row.get("response") or {}).get("output") or [],
-            usage=msgspec.convert((row.get("response") or {}).get("usage") or {}, Usage),
-            timings=msgspec.convert({k: v for k, v in (row.get("timings") or {}).items() if k != "total_s"}, Timings),
-        )
-    except (KeyError, TypeError, ValueError, msgspec.ValidationError):
-        return None
 
 
 @dataclass
@@ -336,8 +292,11 @@ async def collect(
             await feed.caught_up.wait()
         if not feed.results:  # a new broker (store deleted, another cluster): the run folder remembers
             for row in _read_rows(run_dir / "rollouts.jsonl"):
-                r = result_from_row(row)
-                if r is not None and r.run_id == run_id:
+                try:
+                    r = result_from_row(row)
+                except msgspec.ValidationError:
+                    continue
+                if r.run_id == run_id:
                     feed.results.setdefault(r.session_id, r)
         done_keys = {(r.task_index, r.rollout_index) for r in feed.results.values()}
         missing = sorted(expected - done_keys)

@@ -23,6 +23,7 @@ import msgspec
 
 from broker.schemas import Result, Timings, Usage
 from runtime.estimators import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
+from runtime.rows import result_from_row
 
 HOPS = ("queue", "model", "tool", "verify", "overhead", "total")
 """Latency rows: time waiting in queues, in model calls, in tools, in the verifier, in gymbus itself, end to end."""
@@ -294,39 +295,9 @@ def _throughput(samples: list[Sample]) -> Throughput:
 # --- offline: the run folder ---------------------------------------------------------------------
 
 
-class _Row(msgspec.Struct, kw_only=True):
-    """The fields of a ``rollouts.jsonl`` row that profiling reads."""
-
-    session_id: str
-    task_index: int
-    rollout_index: int
-    attempt: int = 0
-    reward: float | None = None
-    failure_kind: str | None = None
-    verifier: dict[str, Any] = {}
-    timings: dict[str, Any] = {}
-    response: dict[str, Any] = {}
-
-
 def sample_from_row(row: dict[str, Any]) -> Sample:
     """A Sample from a ``rollouts.jsonl`` row; raises msgspec.ValidationError naming the field."""
-    r = msgspec.convert(row, _Row)
-    if r.reward is None and r.failure_kind is None:
-        raise msgspec.ValidationError("a row with `reward` null must have a `failure_kind`")
-    timings = msgspec.convert({k: v for k, v in r.timings.items() if k != "total_s"}, Timings)
-    usage = msgspec.convert(r.response.get("usage") or {}, Usage)
-    return Sample(
-        session_id=r.session_id,
-        task_index=r.task_index,
-        rollout_index=r.rollout_index,
-        attempt=r.attempt,
-        reward=r.reward,
-        failure_kind=r.failure_kind,
-        answer=_answer(r.verifier),
-        reports_answer="extracted_answer" in r.verifier,
-        timings=timings,
-        usage=usage,
-    )
+    return Sample.of(result_from_row(row))
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
