@@ -26,7 +26,8 @@ def bench(
     concurrency: Csv = None,
     replicas: Csv = None,
     rollouts: Annotated[
-        int | None, typer.Option(help="Rollouts per configuration (default 4 x C + 200; --quick: 12).")
+        int | None,
+        typer.Option(help="Most rollouts per configuration (default: no count bound, --seconds decides; --quick: 12)."),
     ] = None,
     seconds: Annotated[
         float,
