@@ -26,7 +26,8 @@ def bench(
     concurrency: Csv = None,
     replicas: Csv = None,
     rollouts: Annotated[
-        int | None, typer.Option(help="Rollouts per configuration (default 4 x C + 200; --quick: 12).")
+        int | None,
+        typer.Option(help="Most rollouts per configuration (default: no count bound, --seconds decides; --quick: 12)."),
     ] = None,
     seconds: Annotated[
         float,
@@ -37,8 +38,16 @@ def bench(
         int | None, typer.Option(help="Messages per worker and subject (default max(64, C/W)).")
     ] = None,
     sync_always: Annotated[
-        bool, typer.Option("--sync-always/--no-sync-always", help="Broker fsyncs every write (the shipped default).")
+        bool,
+        typer.Option("--sync-always/--no-sync-always", help="Broker fsyncs every write (the shipped default)."),
     ] = True,
+    broker_sync: Annotated[
+        str | None,
+        typer.Option(
+            help="Broker fsync policy: always (default, as shipped), a duration such as 20ms (fsync at most "
+            "that often), or default (the server's 2 min); overrides --sync-always and $GYMBUS_BROKER_SYNC."
+        ),
+    ] = None,
     uvloop: Annotated[bool, typer.Option("--uvloop", help="Workers run on uvloop (GYMBUS_UVLOOP=1).")] = False,
     profile: Annotated[
         bool, typer.Option("--profile", help="py-spy each worker in the measured window; prints where time went.")
@@ -79,7 +88,13 @@ def bench(
         drain_s=drain_s,
         warmup=2 if quick else 8,
     )
-    settings = Settings(folder, bounds, worker_concurrency, sync_always, uvloop, profile, keep)
+    from broker.server import BrokerError, sync_setting
+
+    try:
+        sync = sync_setting(broker_sync, sync_always=sync_always)
+    except BrokerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--broker-sync") from None
+    settings = Settings(folder, bounds, worker_concurrency, sync, uvloop, profile, keep)
     rows = asyncio.run(_run(grid, settings))
     _print_tables(rows, settings)
     raise typer.Exit(0 if all(_ok(r) for r in rows) else 1)
@@ -112,7 +127,8 @@ def _print_tables(rows: list[dict[str, Any]], settings: Any) -> None:
 
     err = Console(stderr=True, width=max(Console(stderr=True).width, 180))
     good = [r for r in rows if "error" not in r]
-    err.print(table(good, f"gymbus bench ({len(good)} configurations; results in {settings.folder})"))
+    title = f"gymbus bench ({len(good)} configurations, broker sync {settings.broker_sync}; in {settings.folder})"
+    err.print(table(good, title))
     curve = scaling(good)
     if curve is not None:
         err.print(curve)

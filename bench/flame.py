@@ -12,7 +12,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "KV update (CAS publish)": ("SessionStore.update",),
     "publish + ack wait": ("publish (", "publish_raw"),
     "pull fetch": ("fetch (", "_fetch_n", "_fetch_one"),
-    "ack/nak/in_progress": ("Msg.ack ", "in_progress", "_heartbeat"),
+    "ack/nak/in_progress": ("Msg.ack ", "in_progress", "_sweep"),
     "aiohttp (model HTTP)": ("aiohttp",),
     "nats-py protocol parse": ("nats/protocol/parser.py",),
     "stamina retry wrapper": ("stamina",),

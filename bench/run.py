@@ -30,7 +30,8 @@ class Settings:
     bounds: Bounds
     worker_concurrency: int | None = None
     """Messages per worker and subject; None: max(64, C / W), so the workers never cap C."""
-    sync_always: bool = True
+    broker_sync: str = "always"
+    """The broker's fsync policy (`broker.server.sync_setting`): ``always`` as shipped, a duration, or ``default``."""
     uvloop: bool = False
     profile: bool = False
     """Record each worker with py-spy during the measured window (needs py-spy and ptrace rights)."""
@@ -44,7 +45,7 @@ class Settings:
 async def measure(c: Config, s: Settings) -> dict[str, Any]:
     """Figures of ``c`` on a fresh stack (its processes are stopped before this returns)."""
     folder = s.folder / _slug(c)
-    stack = BenchStack(folder, c, worker_concurrency=s.concurrency_for(c), sync_always=s.sync_always, uvloop=s.uvloop)
+    stack = BenchStack(folder, c, worker_concurrency=s.concurrency_for(c), sync=s.broker_sync, uvloop=s.uvloop)
     policy_url = await asyncio.to_thread(stack.start)
     try:
         return await _drive(c, s, stack, policy_url, folder)
@@ -86,7 +87,7 @@ async def _drive(c: Config, s: Settings, stack: BenchStack, policy_url: str, fol
         cpu = {k: marks["stop"].get(k, 0.0) - marks.get("warm", {}).get(k, 0.0) for k in marks["stop"]}
         machine = cpu.pop("machine")
         usage = Usage(cpu, machine, meter.peak(), idle, _workers(meter.sampled_peak))
-        result = figures(c, out, usage, len(out.rollouts))
+        result = {**figures(c, out, usage, len(out.rollouts)), "broker_sync": s.broker_sync}
         if s.profile:
             result["profiles"] = profiler.files()
         return result

@@ -25,13 +25,11 @@ FUNCTIONS = ("simple_agent", "math")
 class BenchStack:
     """Start, inspect and stop the processes of one configuration."""
 
-    def __init__(
-        self, folder: Path, config: Config, *, worker_concurrency: int, sync_always: bool, uvloop: bool
-    ) -> None:
+    def __init__(self, folder: Path, config: Config, *, worker_concurrency: int, sync: str, uvloop: bool) -> None:
         self.config = config
         self.local = LocalStack(folder)
         self.worker_concurrency = worker_concurrency
-        self.sync_always = sync_always
+        self.sync = sync
         self.uvloop = uvloop
 
     @property
@@ -44,7 +42,7 @@ class BenchStack:
         self.local.broker = EmbeddedServer(
             self.local.run_dir / "broker",
             log_file=self.local.log_dir / "nats-server.log",
-            sync_always=self.sync_always,
+            sync=self.sync,
             die_with_parent=True,
         ).start()
         url = self.local.start_simulator(

@@ -3,12 +3,20 @@
 It is what the CLI starts when no broker URL is given, and what the tests use. JetStream is on,
 with file storage in ``store_dir``; ``sync_interval: always`` by default, because JetStream's
 default (fsync every 2 minutes) loses acknowledged writes on power loss.
+
+``GYMBUS_BROKER_SYNC`` trades that for throughput, explicitly: ``always`` (the default), a
+duration (``20ms``, ``1s``: fsync at most that often, so an OS crash or power loss can lose the
+writes acknowledged since the last one; a broker or worker crash loses nothing, the page cache
+survives it), or ``default`` (the server's own 2 minutes). The shipped server config
+(configs/nats-server.conf) stays ``always``; bench/README.md has both figures.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +28,21 @@ from pathlib import Path
 from types import TracebackType
 
 from broker.topology import MAX_MSG_SIZE
+
+_log = logging.getLogger("gymbus.broker")
+
+SYNC_ENV = "GYMBUS_BROKER_SYNC"
+_DURATION = re.compile(r"[0-9]+(ms|s|m|h)")
+
+
+def sync_setting(value: str | None = None, *, sync_always: bool = True) -> str:
+    """The embedded broker's fsync policy: ``value``, else ``default`` if ``sync_always`` is False,
+    else $GYMBUS_BROKER_SYNC, else ``always``; BrokerError names a value that is none of ``always``,
+    ``default`` or a duration such as ``20ms``."""
+    chosen = (value or ("default" if not sync_always else os.environ.get(SYNC_ENV)) or "always").strip()
+    if chosen not in ("always", "default") and not _DURATION.fullmatch(chosen):
+        raise BrokerError(f"{SYNC_ENV}={chosen!r}: expected always, default or a duration such as 20ms or 1s")
+    return chosen
 
 
 def die_with_parent() -> None:
@@ -62,15 +85,18 @@ def render_config(
     sync_always: bool = True,
     max_payload: int = MAX_MSG_SIZE,
     ports_dir: Path | None = None,
+    sync: str | None = None,
 ) -> str:
-    """nats-server configuration text; port -1 asks the server for a free port."""
+    """nats-server configuration text; port -1 asks the server for a free port; ``sync`` as in
+    `sync_setting` (which also reads $GYMBUS_BROKER_SYNC)."""
+    interval = sync_setting(sync, sync_always=sync_always)
     lines = [
         f"host: {json.dumps(host)}",
         f"port: {port}",
         f"max_payload: {max_payload}",
         "jetstream {",
         f"  store_dir: {json.dumps(str(store_dir))}",
-        "  sync_interval: always" if sync_always else "",
+        f"  sync_interval: {interval}" if interval != "default" else "",
         "}",
     ]
     if http_port is not None:
@@ -92,12 +118,15 @@ class EmbeddedServer:
         sync_always: bool = True,
         log_file: str | Path | None = None,
         die_with_parent: bool = False,
+        sync: str | None = None,
     ) -> None:
         self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="gymbus-nats-")
         self.store_dir = Path(store_dir or self._tmp.name)  # type: ignore[union-attr]
         self.port = port
         self.http_port = http_port
-        self.sync_always = sync_always
+        self.sync = sync_setting(sync, sync_always=sync_always)
+        """``always``, a duration, or ``default`` (see the module docstring)."""
+        self.sync_always = self.sync == "always"
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
@@ -113,10 +142,16 @@ class EmbeddedServer:
                 self.store_dir / "jetstream",
                 port=self.port,
                 http_port=self.http_port,
-                sync_always=self.sync_always,
+                sync=self.sync,
                 ports_dir=ports_dir,
             )
         )
+        if self.sync != "always":
+            _log.warning(
+                "embedded broker: sync_interval %s (%s): an OS crash or power loss can lose acknowledged writes",
+                self.sync,
+                SYNC_ENV,
+            )
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
                 [binary(), "-c", str(conf)],

@@ -54,8 +54,11 @@ class SessionStore:
         """Write a new session; StateConflict if the key already has a value."""
         return await self.update(session, last=0)
 
-    async def update(self, session: Session, *, last: int, ttl_s: float | None = None) -> int:
+    async def update(
+        self, session: Session, *, last: int, ttl_s: float | None = None, record: bytes | None = None
+    ) -> int:
         """Write ``session`` iff its latest revision is still ``last``; returns the new revision.
+        ``record`` is the session already encoded (the caller measured its size with it).
 
         The write carries a token of its own: when a publish timed out after the broker stored it, its
         retry fails the CAS check against that very write, and the token tells it apart from another
@@ -71,9 +74,8 @@ class SessionStore:
         if ttl_s is not None:
             headers[Header.MSG_TTL.value] = f"{int(ttl_s)}s"
         try:
-            ack = await publish_raw(
-                self._js, self._prefix + session.session_id, session_encoder.encode(session), headers
-            )
+            data = session_encoder.encode(session) if record is None else record
+            ack = await publish_raw(self._js, self._prefix + session.session_id, data, headers)
         except APIError as exc:
             if exc.err_code not in (10071, 10164):
                 raise

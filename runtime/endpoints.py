@@ -154,6 +154,8 @@ class Pool:
 
     def pick(self, session: str, avoid: Collection[str] = ()) -> Endpoint:
         """The replica for this call (see the module docstring)."""
+        if len(self.by_url) == 1:  # the one replica whatever its health: skip the hashing per call
+            return next(iter(self.by_url.values()))
         eps = list(self.by_url.values())
         if not eps:
             raise ModelError(f"model {self.model!r} has no live endpoints")

@@ -51,7 +51,16 @@ from broker.schemas import (
 )
 from broker.sessions import SessionStore, StateConflict
 from runtime import genai, spans
-from runtime.errors import ContextLength, DeadlineExceeded, GymError, InvalidInput, Timeout, ToolError, VerifierError
+from runtime.errors import (
+    ContextLength,
+    DeadlineExceeded,
+    GymError,
+    InvalidInput,
+    Retry,
+    Timeout,
+    ToolError,
+    VerifierError,
+)
 from runtime.sdk import Agent, AgentContext, CallTools, Context, Environment, Respond, Rollout, Verdict
 
 log = logging.getLogger("gymbus.runtime")
@@ -90,21 +99,21 @@ class Runtime:
 
     async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
         """Apply the transition (step + 1) by CAS and emit its message; False if another worker won."""
-        fit(s, max_record_bytes(self.js))
-        t = s.timings
-        t.hops += 1
-        t.queue_s += d.queued_s
-        t.handler_s += time.perf_counter() - started
-        if s.phase == "done" and s.result is not None:
-            s.result = msgspec.structs.replace(s.result, timings=_finished(t))
-        s.step += 1
+        advance(s, d, started)
+        return await self.write(s, rev)
+
+    async def write(self, s: Session, rev: int, *, reemit: bool = True) -> bool:
+        """Store an advanced session by CAS on ``rev`` and emit its message; False if another worker won
+        (then, with ``reemit``, publish what the winner's state calls for)."""
+        record = fit(s, max_record_bytes(self.js))
         # a failed rollout's session outlives the short done TTL (bucket TTL), so `gymbus replay` can re-run it
         ttl = self.done_ttl_s if s.phase == "done" and s.result is not None and not s.result.failed else None
         try:
-            await self.store.update(s, last=rev, ttl_s=ttl)
+            await self.store.update(s, last=rev, ttl_s=ttl, record=record)
         except StateConflict:
             log.debug("session %s step %d: applied by another worker", s.session_id, s.step - 1)
-            await self._reemit(s.session_id, s.step)
+            if reemit:
+                await self._reemit(s.session_id, s.step)
             return False
         await self.emit(s)
         return True
@@ -114,6 +123,17 @@ class Runtime:
         loaded = await self.store.get(sid)
         if loaded is not None and loaded[0].step == step:
             await self.emit(loaded[0])
+
+
+def advance(s: Session, d: Delivery, started: float) -> None:
+    """Count the hop in the session's timings and take the transition (step + 1), before it is stored."""
+    t = s.timings
+    t.hops += 1
+    t.queue_s += d.queued_s
+    t.handler_s += time.perf_counter() - started
+    if s.phase == "done" and s.result is not None:
+        s.result = msgspec.structs.replace(s.result, timings=_finished(t))
+    s.step += 1
 
 
 def next_message(s: Session) -> tuple[str, Msg]:
@@ -242,24 +262,37 @@ async def handle_agent(rt: Runtime, agent: Agent, msg: Msg, d: Delivery) -> None
 
 
 async def _start(rt: Runtime, agent: Agent, msg: Start, d: Delivery) -> None:
+    """Open the session optimistically: most Starts are new, so the first turn runs and the session is
+    created (CAS on "no value yet") without reading the key first. Only when it exists is it read: a
+    duplicate Start re-emits what its first delivery may have lost; a newer attempt supersedes a
+    finished one, its steps continuing from the old session's so old messages stay stale."""
     started = time.perf_counter()
-    sid = session_id(msg.run_id, msg.task_index, msg.rollout_index)
-    loaded = await rt.store.get(sid)
-    rev = base = 0
-    if loaded:
-        old, rev = loaded
-        if msg.attempt <= old.attempt:  # a duplicate Start: re-emit if its transition is the last one
-            if msg.attempt == old.attempt and old.step == old.base_step + 1:
-                await rt.emit(old)
-            return
-        base = old.step  # a new attempt supersedes; steps keep rising so old messages stay stale
-    s = new_session(msg, base, d)
+    s = new_session(msg, 0, d)
     if msg.options.seed:
         s.phase = "seed"
     else:
         async with deadline(s):
             await _turn(rt, agent, s)
-    await rt.commit(s, rev, d, started)
+    advance(s, d, started)
+    rev = 0
+    for _ in range(START_CONFLICTS):
+        if await rt.write(s, rev, reemit=False):
+            return
+        loaded = await rt.store.get(s.session_id)
+        if loaded is None:  # it expired in between: create it again
+            rev, s.base_step, s.step = 0, 0, 1
+            continue
+        old, rev = loaded
+        if msg.attempt <= old.attempt:  # a duplicate Start: re-emit if its transition is the last one
+            if msg.attempt == old.attempt and old.step == old.base_step + 1:
+                await rt.emit(old)
+            return
+        s.base_step, s.step = old.step, old.step + 1  # rebased onto the attempt it supersedes
+    raise Retry(reason=f"session {s.session_id}: {START_CONFLICTS} conflicting writes while opening it")
+
+
+START_CONFLICTS = 3
+"""Writes a Start tries before it hands its message back for redelivery (each lost to another worker)."""
 
 
 async def _turn(rt: Runtime, agent: Agent, s: Session) -> None:
@@ -537,15 +570,17 @@ def max_record_bytes(js: JetStreamContext) -> int:
     return min(server, topology.MAX_MSG_SIZE) - RECORD_HEADROOM
 
 
-def fit(s: Session, limit: int) -> None:
-    """Keep a session (and its Result) within ``limit`` bytes.
+def fit(s: Session, limit: int) -> bytes:
+    """Keep a session (and its Result) within ``limit`` bytes; returns the session's record, encoded
+    once here for both the size check and the write.
 
     A live rollout that outgrows it fails with ``context_length`` (the transcript no longer fits a
     message); a finished one that does is kept as a failure whose output is dropped, so it still ends
     as one Result with its reason, never as a lost rollout."""
-    size = max(len(session_encoder.encode(s)), len(encoder.encode(s.result)) if s.result else 0)
+    record = session_encoder.encode(s)
+    size = max(len(record), len(encoder.encode(s.result)) if s.result else 0)
     if size <= limit:
-        return
+        return record
     reason = f"the rollout's record is {size / 2**20:.1f} MiB, over the {limit / 2**20:.1f} MiB message limit"
     if s.phase != "done":
         raise ContextLength(reason)
@@ -555,6 +590,7 @@ def fit(s: Session, limit: int) -> None:
         s.items, s.n_input, s.params, s.meta = [], 0, {}, {}
     s.result = build_result(s, failure=(kind or "context_length", f"{why}; {reason}" if why else reason))
     s.result = msgspec.structs.replace(s.result, output=[])
+    return session_encoder.encode(s)
 
 
 Handler = Callable[[Runtime, Any, Msg, Delivery], Awaitable[None]]

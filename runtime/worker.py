@@ -106,6 +106,8 @@ class Worker:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _beating: dict[int, tuple[NatsMsg, float]] = field(default_factory=dict)
+    """Messages being handled (by id) and the monotonic time of their last sign of life (see `_sweep`)."""
     _nc: Client | None = None
 
     @property
@@ -135,6 +137,7 @@ class Worker:
     async def _run(self) -> None:
         nc = self._nc = await connect(self.nats_url, name=f"gymbus-worker-{self.name}")
         client: ModelClient | None = None
+        sweeper: asyncio.Task[None] | None = None
         try:
             js = nc.jetstream()
             await topology.ensure(js, self.limits)
@@ -149,6 +152,7 @@ class Worker:
             if self.janitor:
                 jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
+            sweeper = asyncio.create_task(self._sweep()) if self.heartbeat else None
             self.ready.set()
             log.info(
                 "worker %s serving %s",
@@ -159,6 +163,8 @@ class Worker:
             await asyncio.gather(*loops, return_exceptions=True)
             await self._drain()
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
             if client is not None:
                 await client.close()
             await _close(nc)
@@ -198,7 +204,7 @@ class Worker:
             headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")},
         )
         hop = spans.hop(m.subject, topology.durable(role, self.name), d, len(m.data))
-        beat = asyncio.create_task(self._heartbeat(m) if self.heartbeat else asyncio.sleep(0))
+        self._beating[id(m)] = (m, time.monotonic())
         self.stats["in_flight"] += 1
         self.stats["redelivered"] += md.num_delivered > 1
         try:
@@ -226,7 +232,7 @@ class Worker:
         except Exception:  # could not even settle the message: leave it to redelivery
             log.exception("%s: could not settle message %s", self.name, md.sequence.stream)
         finally:
-            beat.cancel()
+            del self._beating[id(m)]
             self.stats["in_flight"] -= 1
             self.metrics.observe(self.name, role, time.time() - d.received_at, d.queued_s)
             hop.end()
@@ -241,15 +247,23 @@ class Worker:
             options = loaded[0].options if loaded else None
         return policy.retried(options, kind, self.retried_kinds)
 
-    async def _heartbeat(self, m: NatsMsg) -> None:
-        """Keep a long handler's message from being redelivered while it still runs."""
+    async def _sweep(self) -> None:
+        """Keep long handlers' messages from being redelivered while they still run: every message
+        handled for ack_wait/3 gets an in-progress ack, and another each ack_wait/3 after. One task per
+        worker, not one per message: creating and cancelling a task per message cost more than the
+        few in-progress acks ever sent (handlers rarely run that long)."""
         period = max(0.2, self.limits.ack_wait_s / 3)
         while True:
-            await asyncio.sleep(period)
-            try:
-                await m.in_progress()
-            except Exception as exc:
-                log.debug("in_progress failed: %s", exc)
+            await asyncio.sleep(period / 4)  # so a beat is at most period * 1.25 late, well inside ack_wait
+            now = time.monotonic()
+            due = [m for m, last in self._beating.values() if now - last >= period]
+            for m in due:
+                if id(m) in self._beating:
+                    self._beating[id(m)] = (m, now)
+                    try:
+                        await m.in_progress()
+                    except Exception as exc:
+                        log.debug("in_progress failed: %s", exc)
 
     async def _retry_or_fail(
         self,

@@ -15,7 +15,7 @@ from broker import inspect, topology
 from broker.connect import connect
 from broker.publish import PUBLISH_TIMEOUT_S, publish_raw
 from broker.schemas import Session
-from broker.server import EmbeddedServer
+from broker.server import SYNC_ENV, BrokerError, EmbeddedServer, render_config, sync_setting
 from broker.sessions import SessionStore, StateConflict
 from conftest import ROOT
 from runtime.testing import Harness
@@ -37,6 +37,18 @@ def test_embedded_server_runs_with_the_same_settings(tmp_path: Path) -> None:
     assert varz["max_payload"] == topology.MAX_MSG_SIZE
     major, minor, patch = (int(x) for x in varz["version"].split("-")[0].split("."))
     assert (major, minor, patch) >= (2, 12, 3), "Jepsen's NATS 2.12.1 findings are fixed from 2.12.3"
+
+
+def test_relaxed_fsync_is_explicit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GYMBUS_BROKER_SYNC is the one way to relax the embedded broker's fsync, and a bad value is named."""
+    monkeypatch.delenv(SYNC_ENV, raising=False)
+    assert sync_setting() == "always" and "sync_interval: always" in render_config(tmp_path)
+    monkeypatch.setenv(SYNC_ENV, "20ms")
+    assert sync_setting() == "20ms" and "sync_interval: 20ms" in render_config(tmp_path)
+    assert sync_setting("always") == "always" and sync_setting(sync_always=False) == "default"
+    assert "sync_interval" not in render_config(tmp_path, sync="default")
+    with pytest.raises(BrokerError, match="GYMBUS_BROKER_SYNC='fast'"):
+        sync_setting("fast")
 
 
 async def test_streams_and_consumers_are_configured_for_redelivery(harness: Harness) -> None:

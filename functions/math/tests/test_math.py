@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import MATH_TASKS
-from functions.math.env import ENVIRONMENT, Meta, calculator
+from functions.math.env import ENVIRONMENT, Meta, _check, _quick, calculator
 from runtime.sdk import Rollout, Task
 from runtime.testing import Harness
 
@@ -42,6 +42,30 @@ async def test_verifier_accepts_every_gold_answer(math_rows: list[dict]) -> None
 )
 async def test_answer_forms(text: str, expected: str, reward: float) -> None:
     assert (await ENVIRONMENT.verify(task(expected), reply(text))).reward == reward
+
+
+GOLDS = ("138", "0", "-5", "2.5", "0.75", "1000000", "123456789012", "3/4", "1.0000001")
+ANSWERS = ("138", "139", "138.0", "0", "-0", "-5", "5", "2.50", "2.5", "0.75", "3/4", "\\frac{3}{4}", "1000001")
+ANSWERS += ("1000000", "123456789013", "1.0000002", "50\\%", "1,000", "3.", "+7", " 7 ")
+REPLIES = ("Working it through, the answer is \\boxed{{{}}}.", "\\boxed{{{}}}", "\\boxed{{12}} then \\boxed{{{}}}")
+QUICK_CASES = [(gold, reply.format(answer)) for gold in GOLDS for answer in ANSWERS for reply in REPLIES]
+
+
+@pytest.mark.parametrize("gold,text", QUICK_CASES)
+def test_quick_path_agrees_with_math_verify(gold: str, text: str) -> None:
+    """The plain-number fast path gives math-verify's verdict and extracted answer, or steps aside."""
+    quick = _quick(gold, text)
+    if quick is not None:
+        assert quick == _check(gold, text)
+
+
+def test_quick_path_takes_plain_numbers() -> None:
+    """The replies the simulated policy gives (a boxed integer) never reach math-verify."""
+    assert _quick("138", "the answer is \\boxed{138}.") == (True, "138")
+    assert _quick("138", "the answer is \\boxed{139}.") == (False, "139")
+    assert _quick("138", "the answer is \\boxed{138.0}.") == (True, "138.0")
+    assert _quick("3/4", "\\boxed{0.75}") is None
+    assert _quick("1.0000001", "\\boxed{1.0000002}") is None  # math-verify's rounding decides
 
 
 async def test_calculator_is_safe() -> None:
