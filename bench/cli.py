@@ -37,15 +37,11 @@ def bench(
     worker_concurrency: Annotated[
         int | None, typer.Option(help="Messages per worker and subject (default max(64, C/W)).")
     ] = None,
-    sync_always: Annotated[
-        bool,
-        typer.Option("--sync-always/--no-sync-always", help="Broker fsyncs every write (the shipped default)."),
-    ] = True,
     broker_sync: Annotated[
         str | None,
         typer.Option(
             help="Broker fsync policy: always (default, as shipped), a duration such as 20ms (fsync at most "
-            "that often), or default (the server's 2 min); overrides --sync-always and $GYMBUS_BROKER_SYNC."
+            "that often), or default (the server's 2 min); overrides $GYMBUS_BROKER_SYNC."
         ),
     ] = None,
     uvloop: Annotated[bool, typer.Option("--uvloop", help="Workers run on uvloop (GYMBUS_UVLOOP=1).")] = False,
@@ -91,7 +87,7 @@ def bench(
     from broker.server import BrokerError, sync_setting
 
     try:
-        sync = sync_setting(broker_sync, sync_always=sync_always)
+        sync = sync_setting(broker_sync)
     except BrokerError as exc:
         raise typer.BadParameter(str(exc), param_hint="--broker-sync") from None
     settings = Settings(folder, bounds, worker_concurrency, sync, uvloop, profile, keep)
