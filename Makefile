@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker runtime functions tests images bench scripts
+	$(BIN)/ruff check broker runtime functions tests images scripts
 
 faults: $(STAMP)
 	$(BIN)/python scripts/faults.py

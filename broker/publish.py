@@ -34,7 +34,7 @@ _sending: Sending = _untraced
 
 
 def instrument(sending: Sending) -> None:
-    """Wrap every `publish` in ``sending``: how tracing (runtime/tracing.py) injects trace context
+    """Wrap every `publish` in ``sending``: how tracing (runtime/telemetry/tracing.py) injects trace context
     and opens a PRODUCER span, without the broker layer depending on it."""
     global _sending
     _sending = sending
@@ -46,7 +46,7 @@ async def publish_raw(
     """Publish and wait for the stream's ack, retrying unknown outcomes for up to two minutes.
 
     The first try goes straight to the client: building a retry context costs 25-40 µs of CPU, a
-    fair share of a publish's, and almost every publish succeeds at once (bench/README.md)."""
+    fair share of a publish's, and almost every publish succeeds at once (runtime/bench/README.md)."""
     try:
         return await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S, headers=headers)
     except RETRY_ON:

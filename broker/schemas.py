@@ -56,7 +56,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Passed to the model server's chat template (vLLM), e.g. ``{"enable_thinking": false}``."""
     retry: list[FailureKind] | None = None
     """Failure kinds redelivered with backoff until the delivery budget is spent (None: the default
-    policy, ``runtime.policy.DEFAULT_RETRY``); the other kinds end the rollout at once."""
+    policy, ``runtime.engine.retry.DEFAULT_RETRY``); the other kinds end the rollout at once."""
     invalid_tool_calls: Literal["return_error", "fail"] = "return_error"
     """A tool call the model got wrong (unknown tool, invalid JSON, arguments failing the schema):
     ``return_error`` answers it with an error output the model reads on its next turn; ``fail`` ends

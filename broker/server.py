@@ -8,7 +8,7 @@ default (fsync every 2 minutes) loses acknowledged writes on power loss.
 duration (``20ms``, ``1s``: fsync at most that often, so an OS crash or power loss can lose the
 writes acknowledged since the last one; a broker or worker crash loses nothing, the page cache
 survives it), or ``default`` (the server's own 2 minutes). The shipped server config
-(configs/nats-server.conf) stays ``always``; bench/README.md has both figures.
+(configs/nats-server.conf) stays ``always``; runtime/bench/README.md has both figures.
 """
 
 from __future__ import annotations

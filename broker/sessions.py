@@ -26,7 +26,7 @@ _WRITE = "Gymbus-Write"
 PHASE = "Gymbus-Phase"
 DEADLINE = "Gymbus-Deadline"
 """Headers with the session's phase and the unix time its rollout deadline passes, so a scan for
-overdue rollouts reads headers only (see runtime/janitor.py)."""
+overdue rollouts reads headers only (see runtime/engine/janitor.py)."""
 
 
 class StateConflict(Exception):

@@ -41,7 +41,7 @@ DEAD_STREAM = "GYM_DEAD"
 ADVISORY_STREAM = "GYM_ADVISORIES"
 MAX_DELIVERIES_SUBJECT = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{WORK_STREAM}.*"
 """The broker's core-NATS advisory for a work message that spent its delivery budget; captured in a
-stream so none is lost while no janitor listens (see runtime/janitor.py)."""
+stream so none is lost while no janitor listens (see runtime/engine/janitor.py)."""
 SESSIONS = "sessions"
 RUNS = "runs"
 MODELS = "models"

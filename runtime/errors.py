@@ -12,7 +12,7 @@
 
 A handler raises one of these (or the runtime wraps a foreign exception into one at its boundary:
 the model client, the tool runner, the verifier). The worker then looks the kind up in the run's
-retry policy (``runtime.policy``; ``Options.retry`` per run): a retried kind is redelivered with
+retry policy (``runtime.engine.retry``; ``Options.retry`` per run): a retried kind is redelivered with
 backoff until the delivery budget is spent, the others end the rollout at once. Either way the
 rollout ends as exactly one failed Result, never reward 0.
 Anything else that escapes a handler is a bug, reported with kind ``internal`` after its retries.
@@ -98,4 +98,4 @@ class Retry(Exception):
 
 
 RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "internal"})
-"""The default retry policy (``runtime.policy.DEFAULT_RETRY``; a run overrides it with ``Options.retry``)."""
+"""The default retry policy (``runtime.engine.retry.DEFAULT_RETRY``; a run overrides it with ``Options.retry``)."""

@@ -22,7 +22,7 @@ from broker.schemas import FunctionCall, Options, Session, Usage
 from runtime.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from runtime.model_client import ModelOutput
+    from runtime.model.client import ModelOutput
 
 __all__ = [
     "Agent",
@@ -218,7 +218,7 @@ Action = CallTools | Finish
 
 
 class Respond:
-    """Calls the policy model for one session; provided by the runtime (see ``runtime.model_client``)."""
+    """Calls the policy model for one session; provided by the runtime (see ``runtime.model.client``)."""
 
     async def __call__(
         self, items: list[dict[str, Any]], params: dict[str, Any], session: Session

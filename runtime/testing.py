@@ -26,10 +26,10 @@ from broker.publish import publish, publish_raw
 from broker.schemas import Msg, Options, Result, Session, Start, result_decoder, session_id
 from broker.server import EmbeddedServer
 from broker.sessions import SessionStore
-from runtime.model_client import register
+from runtime.engine.worker import Worker
+from runtime.model.client import register
+from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
 from runtime.sdk import Function, load
-from runtime.simulator import InThread, SimConfig, Simulator, load_answer_key
-from runtime.worker import Worker
 
 _ids = itertools.count()
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from broker.topology import Limits  # noqa: E402
-from runtime.policy import DEFAULT_RETRY  # noqa: E402
+from runtime.engine.retry import DEFAULT_RETRY  # noqa: E402
 from runtime.testing import Harness  # noqa: E402
 from tests import fault_suite as fs  # noqa: E402
 

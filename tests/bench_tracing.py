@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from broker.schemas import Session, Usage
-from runtime import genai, spans, tracing
-from runtime.handlers import Delivery
-from runtime.model_client import ModelOutput
+from runtime.engine.handlers import Delivery
+from runtime.model.client import ModelOutput
+from runtime.telemetry import genai, spans, tracing
 
 N = 5000
 SESSION = Session(

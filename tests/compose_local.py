@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from broker.server import binary, die_with_parent
-from runtime.stack import gymbus_command
+from runtime.runs.stack import gymbus_command
 from tests.compose_spec import ROOT, Service
 
 # ---- local processes ---------------------------------------------------------------------------

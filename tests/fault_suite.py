@@ -2,7 +2,7 @@
 
 Each scenario runs real parts only: a nats-server on a temp store, workers as subprocesses (so a
 SIGKILL is a real crash) or as tasks, the simulated policy over HTTP (behind tests/faulty_policy.py
-where the model must fail), and ends with the auditor (runtime/audit.py) reading every stream.
+where the model must fail), and ends with the auditor (runtime/engine/audit.py) reading every stream.
 Every loop is bounded in count and time; traffic stays on 127.0.0.1.
 """
 
@@ -21,10 +21,10 @@ from nats.js.errors import NotFoundError
 
 from broker import inspect, topology
 from broker.schemas import Start, session_id
-from runtime import audit
-from runtime.deadletters import letters, replay
-from runtime.model_client import register
-from runtime.stack import Process, gymbus_command
+from runtime.engine import audit
+from runtime.engine.deadletters import letters, replay
+from runtime.model.client import register
+from runtime.runs.stack import Process, gymbus_command
 from runtime.testing import Harness, task_rows
 
 ROOT = Path(__file__).resolve().parents[1]

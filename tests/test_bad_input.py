@@ -9,8 +9,8 @@ import pytest
 
 from broker.schemas import Options
 from conftest import MATH_TASKS
-from runtime.collect import collect
-from runtime.config import load_config
+from runtime.runs.collect import collect
+from runtime.runs.config import load_config
 from runtime.testing import Harness
 from tests import fault_suite as fs
 
@@ -93,7 +93,7 @@ async def test_retry_policy_is_per_run(harness: Harness, retry: list | None) -> 
 
 
 def test_retry_policy_is_checked_in_the_config(tmp_path: Path) -> None:
-    from runtime.config import ConfigError
+    from runtime.runs.config import ConfigError
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps({"input": "x", "agent": "a", "env": "e", "limits": {"retry": ["tool_error", "oops"]}}))

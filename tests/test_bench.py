@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import flame
-from bench.report import pct
+from runtime.bench import flame
+from runtime.bench.report import pct
 
 FIELDS = {
     "rollouts_per_s": float,
@@ -31,9 +31,9 @@ FIELDS = {
 
 @pytest.mark.timeout(120)
 def test_quick_bench_completes_every_rollout(tmp_path: Path) -> None:
-    """`python -m bench --quick`: one JSON line per configuration, every rollout stored and scored."""
+    """`python -m runtime.bench --quick`: one JSON line per configuration, every rollout stored and scored."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--rollouts", "8", "--out", str(tmp_path)],
+        [sys.executable, "-m", "runtime.bench", "--quick", "--rollouts", "8", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=110,

@@ -17,8 +17,8 @@ import pytest
 from broker import inspect, topology
 from broker.server import EmbeddedServer
 from conftest import MATH_TASKS, ROOT
-from runtime.collect import collect
-from runtime.config import load_config
+from runtime.runs.collect import collect
+from runtime.runs.config import load_config
 
 
 def write_config(tmp_path: Path, **extra: object) -> Path:

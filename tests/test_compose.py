@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from broker.topology import Limits
-from runtime.config import load_config
+from runtime.engine.worker import Worker
+from runtime.runs.config import load_config
 from runtime.sdk import Agent, Environment, load
-from runtime.worker import Worker
 from tests.compose_spec import COMPOSE_FILE, ROOT, Service, load_compose, nats_config, services
 from tests.gymbus_cli import envvars_read_by, parse_gymbus
 

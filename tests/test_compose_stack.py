@@ -92,7 +92,7 @@ def test_every_worker_sends_traces_to_the_collector(stack: tuple[LocalStack, Otl
 def _gymbus(local: LocalStack, args: list[str]) -> str:
     import subprocess
 
-    from runtime.stack import gymbus_command
+    from runtime.runs.stack import gymbus_command
 
     env = {k: v for k, v in local.env("submit").items() if not k.startswith(("GYMBUS_", "OTEL_"))}
     done = subprocess.run(gymbus_command(*args), cwd=ROOT, env=env, capture_output=True, timeout=120)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime import estimators
-from runtime.estimators import describe, ks, majority_at_k, majority_vote, pass_at_k, spread
+from runtime.profiling import estimators
+from runtime.profiling.estimators import describe, ks, majority_at_k, majority_vote, pass_at_k, spread
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pytest
 
 from broker import topology
 from broker.schemas import FailureKind, Result
-from runtime.janitor import Janitor
-from runtime.model_client import register
+from runtime.engine.janitor import Janitor
+from runtime.model.client import register
 from runtime.testing import Harness
 from tests import fault_suite as fs
 from tests.faulty_policy import FaultyPolicy

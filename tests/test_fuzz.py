@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from broker import inspect, topology
 from broker.publish import publish_raw
-from runtime import audit
-from runtime.deadletters import lenient_ids
+from runtime.engine import audit
+from runtime.engine.deadletters import lenient_ids
 from runtime.testing import Harness
 from tests import fault_suite as fs
 

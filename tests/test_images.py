@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from runtime.model.simulator import InThread
 from runtime.sdk import load
-from runtime.simulator import InThread
 from tests.compose_local import free_port
 from tests.compose_spec import ROOT, Image, image_of
 

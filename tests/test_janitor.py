@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from broker import inspect, topology
-from runtime.janitor import Janitor
+from runtime.engine.janitor import Janitor
 from runtime.testing import Harness
 from tests import fault_suite as fs
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from broker import topology
+from runtime.engine.worker import Worker, roles_of
 from runtime.sdk import load
-from runtime.worker import Worker, roles_of
 from tests.compose_spec import ROOT, nats_config, services
 from tests.gymbus_cli import envvars_read_by, parse_gymbus
 

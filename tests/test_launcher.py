@@ -21,10 +21,10 @@ from nats.js.errors import KeyNotFoundError
 
 from broker import topology
 from conftest import MATH_TASKS, ROOT
-from runtime.collect import collect
-from runtime.config import load_config
-from runtime.endpoints import ModelEntry, entry_decoder, model_key
-from runtime.stack import gymbus_command
+from runtime.model.endpoints import ModelEntry, entry_decoder, model_key
+from runtime.runs.collect import collect
+from runtime.runs.config import load_config
+from runtime.runs.stack import gymbus_command
 from runtime.testing import Harness
 
 
@@ -167,7 +167,7 @@ async def test_vllm_serve_on_gpu(harness: Harness, tmp_path: Path, math_rows: li
 
 
 def test_vllm_command_and_client_settings_from_the_shipped_config() -> None:
-    from runtime.launcher import client_settings, gpus, load_serve_config, vllm_command
+    from runtime.model.launcher import client_settings, gpus, load_serve_config, vllm_command
 
     cfg = load_serve_config(ROOT / "configs" / "model-serve.yaml")
     cmd = " ".join(vllm_command(cfg))

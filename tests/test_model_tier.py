@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 from conftest import MATH_TASKS
-from runtime.model_client import register
-from runtime.simulator import InThread, SimConfig, Simulator, load_answer_key
-from runtime.stack import Process, gymbus_command
+from runtime.model.client import register
+from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.runs.stack import Process, gymbus_command
 from runtime.testing import Harness
 
 

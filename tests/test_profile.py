@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from broker.schemas import Timings, Usage
-from runtime import profile
-from runtime.profile import ProfileError, RunInfo, Sample
+from runtime.profiling import profile
+from runtime.profiling.profile import ProfileError, RunInfo, Sample
 
 
 def sample(task: int, rollout: int, reward: float | None, *, kind: str | None = None, **extra: object) -> Sample:

@@ -28,10 +28,10 @@ from broker.connect import connect
 from broker.schemas import result_decoder
 from broker.server import EmbeddedServer
 from conftest import MATH_TASKS, ROOT
-from runtime import profile, status
 from runtime.cli import app
-from runtime.profile import Sample
-from runtime.profiler import Snapshot, read_snapshot
+from runtime.profiling import profile, status
+from runtime.profiling.profile import Sample
+from runtime.profiling.profiler import Snapshot, read_snapshot
 
 RUN = "live1"
 BAD_ROW = {"responses_create_params": {"input": {"role": "user"}}, "expected_answer": "1"}

@@ -13,9 +13,9 @@ from broker import inspect, topology
 from broker.publish import publish, publish_raw
 from broker.schemas import Result, Timings, Usage, result_decoder
 from conftest import ROOT
-from runtime import profile
-from runtime.profile import RunInfo, Sample
-from runtime.profiler import Profiler, Snapshot, read_snapshot
+from runtime.profiling import profile
+from runtime.profiling.profile import RunInfo, Sample
+from runtime.profiling.profiler import Profiler, Snapshot, read_snapshot
 from runtime.testing import Harness
 
 INFO = RunInfo(run_id="p1", tasks=6, repeats=4, expected=24)

@@ -1,4 +1,4 @@
-"""The worker's pull requests (runtime/worker.py `_Puller`) against a real nats-server.
+"""The worker's pull requests (runtime/engine/worker.py `_Puller`) against a real nats-server.
 
 nats-py's ``PullSubscription.fetch(n)`` holds messages it already received until its timeout when a
 second client waits on the same consumer (the server answers its probe with 408 Requests Pending,
@@ -16,8 +16,8 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from broker.connect import connect
+from runtime.engine.worker import _Puller
 from runtime.testing import Harness
-from runtime.worker import _Puller
 
 FETCH_TIMEOUT_S = 5.0
 """Long, so a fetch that waits for its timeout stands out from one that returns on its messages."""

@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from runtime import report
+from runtime.profiling import report
 
 EVIL = "</script><script>alert(1)</script>"
 

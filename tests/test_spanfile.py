@@ -9,14 +9,15 @@ from pathlib import Path
 from pytest import approx
 
 from conftest import ROOT
-from runtime import semconv, spanfile, traces
-from runtime.spanfile import SpanRecord
+from runtime.telemetry import breakdown as traces
+from runtime.telemetry import semconv, spanfile
+from runtime.telemetry.spanfile import SpanRecord
 
 WRITER = """
 import sys
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from runtime.spanfile import JsonlSpanExporter
+from runtime.telemetry.spanfile import JsonlSpanExporter
 provider = TracerProvider()
 provider.add_span_processor(BatchSpanProcessor(JsonlSpanExporter(sys.argv[1]), max_export_batch_size=512))
 tracer = provider.get_tracer("w")

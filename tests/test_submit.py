@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 from broker import topology
 from conftest import MATH_TASKS
 from runtime.cli import app
-from runtime.collect import InputError
-from runtime.config import RunConfig
-from runtime.submission import submit
+from runtime.runs.collect import InputError
+from runtime.runs.config import RunConfig
+from runtime.runs.submit import submit
 from runtime.testing import Harness
 
 

@@ -16,8 +16,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conftest import ROOT
-from runtime import spanfile, traces
-from runtime.simulator import InThread
+from runtime.model.simulator import InThread
+from runtime.telemetry import breakdown as traces
+from runtime.telemetry import spanfile
 
 
 def gymbus(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

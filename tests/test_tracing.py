@@ -24,9 +24,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from broker.publish import publish_raw
 from broker.schemas import encoder, session_id
 from conftest import MATH_TASKS, ROOT
-from runtime import semconv, spanfile, tracing
-from runtime.spanfile import SpanRecord
-from runtime.spans import RolloutSpans
+from runtime.telemetry import semconv, spanfile, tracing
+from runtime.telemetry.spanfile import SpanRecord
+from runtime.telemetry.spans import RolloutSpans
 from runtime.testing import Harness
 
 

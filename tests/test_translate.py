@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from runtime import translate
+from runtime.model import translate
 from tests.golden.cases import ANSWERS, MULTI_TURN, REQUESTS, RESPONSES_ANSWERS, WITH_REASONING
 
 GOLDEN = Path(__file__).parent / "golden" / "translate"

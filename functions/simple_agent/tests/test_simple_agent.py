@@ -6,7 +6,7 @@ from typing import Any
 
 from broker.schemas import Options, Session, Usage
 from functions.simple_agent.agent import step
-from runtime.model_client import ModelOutput
+from runtime.model.client import ModelOutput
 from runtime.sdk import AgentContext, CallTools, Finish
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": '{"expression": "1+1"}'}

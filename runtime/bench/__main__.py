@@ -1,0 +1,3 @@
+from runtime.bench.cli import main
+
+main()

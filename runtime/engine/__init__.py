@@ -1,0 +1,12 @@
+"""The engine: what runs a function's messages, exactly once.
+
+    worker.py       Worker: binds a function to its durable consumers, runs, settles and drains messages
+    pull.py         one-shot pull requests and handler slots per consumer
+    handlers.py     the rollout state machine (Start, Seed, Resume, Tools, Verify -> the next message)
+    failures.py     ending a rollout as one failed Result, whatever the message in hand
+    retry.py        which failure kinds are redelivered
+    janitor.py      the backstops: lost messages, rollout deadlines, unserved subjects
+    deadletters.py  the dead-letter stream and replay
+    metrics.py      a worker's /metrics and /healthz
+    audit.py        the exactly-once audit of a run's streams (tests, the fault suite)
+"""

@@ -1,0 +1,249 @@
+"""The policy-model client: OpenAI-compatible HTTP over aiohttp.
+
+One call is one agent turn. It picks a replica (`runtime.model.endpoints.Pool`: sticky per session,
+least in flight, healthy first), sends the conversation as a Responses request, or as Chat
+Completions where the replica has no ``/responses`` (probed once per replica) or where token ids
+are wanted (vLLM returns them on Chat Completions), and translates the answer back to Responses
+items (`runtime.model.translate`). Every sampling parameter is sent explicitly and recorded.
+
+Failures: connection errors, 5xx, 429, invalid answers and timeouts are retried with jittered
+backoff (stamina), on another replica when there is one, up to the deployment's ``attempts``;
+then the rollout fails with ``model_error`` naming each attempt. A rejected prompt that is too
+long fails with ``context_length``. This is the only retry layer: the worker does not redeliver
+a message for a model error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+import stamina
+
+from broker.schemas import Session, Turn, Usage
+from runtime.errors import ContextLength, ModelError
+from runtime.model import tokens, translate
+from runtime.model.endpoints import Endpoint, Endpoints, ModelEntry, Pool, deregister, model_key, register
+
+__all__ = ["Endpoints", "ModelClient", "ModelEntry", "ModelOutput", "deregister", "model_key", "register"]
+
+log = logging.getLogger("gymbus.model")
+
+DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
+"""Sent when neither the task nor the deployment says, so the server's generation config never applies."""
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_output_tokens",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
+SESSION_HEADER = "X-Gymbus-Session"
+_CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "max_model_len")
+NO_ENDPOINT_WAIT_S = 30.0
+"""How long a call waits for a model with no live endpoints (replicas restarting) before failing."""
+
+
+@dataclass
+class ModelOutput:
+    """One model call's result, as Responses output items."""
+
+    items: list[dict[str, Any]]
+    usage: Usage
+    sampling: dict[str, Any]
+    turn: Turn | None = None
+    finish_reason: str | None = None
+
+
+class _Retryable(Exception):
+    """An answer worth another try (5xx, 429, a body that is not JSON)."""
+
+
+class _Unsupported(Exception):
+    """The replica does not serve this route (404/405): fall back to Chat Completions."""
+
+
+_RETRIED = (_Retryable, aiohttp.ClientError, TimeoutError)
+_WAIT_INITIAL_S, _WAIT_MAX_S, _WAIT_JITTER_S = 0.1, 2.0, 0.5
+"""Backoff between attempts: 0.1 s doubling per attempt up to 2 s, plus up to 0.5 s of jitter."""
+_JSON = {"Content-Type": "application/json"}
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+@dataclass
+class ModelClient:
+    """Calls the policy for agent steps; one per worker process, shared by all its in-flight messages."""
+
+    endpoints: Endpoints
+    api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY"))
+    _session: aiohttp.ClientSession | None = None
+    _timeouts: dict[float, aiohttp.ClientTimeout] = field(default_factory=dict)
+
+    async def close(self) -> None:
+        await self.endpoints.close()
+        if self._session is not None:
+            await self._session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers
+            )
+        return self._session
+
+    async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput:
+        """Call the model once for ``session``'s conversation."""
+        pool = await self.endpoints.pool(session.model)
+        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # replicas may be (re)starting
+        entry = pool.entry
+        sampling = {
+            **DEFAULT_SAMPLING,
+            **entry.sampling,
+            **{k: params[k] for k in SAMPLING_KEYS if k in params},
+        }
+        body = {**params, **sampling, "model": params.get("model") or session.model, "input": items, "store": False}
+        if session.options.chat_template_kwargs:
+            body["chat_template_kwargs"] = session.options.chat_template_kwargs
+        want_ids = session.options.return_token_ids
+        if want_ids and entry.api == "responses":
+            raise ModelError(f"model {session.model!r}: token ids need Chat Completions, but its api is 'responses'")
+        items_out, usage, finish, turn = await self._with_retries(pool, body, session.session_id, want_ids)
+        return ModelOutput(items_out, usage, sampling, turn, finish)
+
+    async def _with_retries(
+        self, pool: Pool, body: dict[str, Any], sid: str, want_ids: bool
+    ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+        """The first attempt goes straight out: a stamina retry context costs tens of µs of CPU per
+        call (runtime/bench/README.md) and almost every call succeeds at once. Only a failed first attempt
+        enters the retry loop, with the same backoff the loop would have used from the start."""
+        entry, tried, errors = pool.entry, set[str](), list[str]()
+        try:
+            return await self._try(pool, entry, body, sid, want_ids, tried, errors)
+        except _RETRIED:
+            pass
+        if entry.attempts > 1:
+            if stamina.is_active() and not stamina.is_testing():
+                await asyncio.sleep(_WAIT_INITIAL_S + random.uniform(0, _WAIT_JITTER_S))
+            try:
+                async for attempt in stamina.retry_context(
+                    on=_RETRIED,
+                    attempts=entry.attempts - 1,
+                    timeout=None,
+                    wait_initial=2 * _WAIT_INITIAL_S,  # the loop's first wait is the call's second
+                    wait_max=_WAIT_MAX_S,
+                    wait_jitter=_WAIT_JITTER_S,
+                ):
+                    with attempt:
+                        return await self._try(pool, entry, body, sid, want_ids, tried, errors)
+            except _RETRIED:
+                pass
+        raise ModelError(f"model {pool.model!r}: {len(errors)} attempts failed: " + "; ".join(errors))
+
+    async def _try(
+        self,
+        pool: Pool,
+        entry: ModelEntry,
+        body: dict[str, Any],
+        sid: str,
+        want_ids: bool,
+        tried: set[str],
+        errors: list[str],
+    ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+        """One attempt on a replica it has not tried yet (if there is one); a failure is recorded."""
+        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # all may have left since the last try
+        async with pool.lease(sid, tried) as ep:
+            try:
+                out = await self._attempt(ep, entry, body, sid, want_ids)
+            except _RETRIED as exc:
+                reason = _describe(exc, entry.timeout_s)
+                errors.append(f"{ep.url}: {reason}")
+                tried.add(ep.url)
+                pool.failed(ep, reason)
+                raise
+        pool.succeeded(ep)
+        return out
+
+    async def _attempt(
+        self, ep: Endpoint, entry: ModelEntry, body: dict[str, Any], sid: str, want_ids: bool
+    ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+        api = "chat" if want_ids else (ep.api or entry.api)
+        try:
+            if api in ("auto", "responses"):
+                try:
+                    resp = await self._post(ep.url, "/responses", _responses_body(body), sid, entry.timeout_s)
+                except _Unsupported:
+                    if api == "responses":
+                        raise ModelError(f"{ep.url} does not serve /responses (api: responses)") from None
+                    log.info("model endpoint %s has no /responses; using /chat/completions", ep.url)
+                    ep.api = "chat"
+                else:
+                    ep.api = "responses"
+                    return _finish(translate.responses_output(resp, entry.reasoning), None)
+            chat_body = translate.request_to_chat(body, entry.reasoning)
+            if want_ids:
+                chat_body.update(tokens.REQUEST_FIELDS)
+            resp = await self._post(ep.url, "/chat/completions", chat_body, sid, entry.timeout_s)
+            reply = translate.chat_to_output(resp, entry.reasoning)
+            return _finish(reply, tokens.turn_from_chat(resp) if want_ids else None)
+        except translate.ReasoningConflict as exc:
+            raise ModelError(f"{ep.url}: {exc}") from exc
+
+    async def _post(self, url: str, route: str, body: dict[str, Any], sid: str, timeout_s: float) -> dict[str, Any]:
+        timeout = self._timeouts.get(timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(total=timeout_s)
+        headers = {**_JSON, SESSION_HEADER: sid}  # the session id lets routers keep a rollout on one replica
+        async with self._http().post(f"{url}{route}", data=_encode(body), timeout=timeout, headers=headers) as resp:
+            raw = await resp.read()
+            if resp.status == 200:
+                try:
+                    return _decode(raw)  # type: ignore[no-any-return]
+                except msgspec.DecodeError:
+                    raise _Retryable(f"HTTP 200 with a body that is not JSON: {_text(raw)[:200]!r}") from None
+            if resp.status in (404, 405):
+                raise _Unsupported(url)
+            text = _text(raw)
+            if resp.status == 429 or resp.status >= 500:
+                raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
+            if any(m in text.lower() for m in _CONTEXT_MARKERS):
+                raise ContextLength(f"HTTP {resp.status} from {url}{route}: {text[:300]}")
+            raise ModelError(f"HTTP {resp.status} from {url}{route}: {text[:300]}")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def _responses_body(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "input": translate.strip_training(body["input"])}
+
+
+def _finish(reply: translate.Reply, turn: Turn | None) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
+    if turn is not None:
+        tokens.attach(reply.items, turn)
+    usage = Usage(
+        input_tokens=int(reply.usage.get("input_tokens") or 0), output_tokens=int(reply.usage.get("output_tokens") or 0)
+    )
+    return reply.items, usage, reply.finish_reason, turn
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {timeout_s:g} s"
+    if isinstance(exc, _Retryable):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

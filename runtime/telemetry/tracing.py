@@ -1,0 +1,207 @@
+"""OpenTelemetry setup: where spans go, configured by the standard ``OTEL_*`` variables.
+
+    OTLP       on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set, or when
+               OTEL_TRACES_EXPORTER names ``otlp``; protocol from OTEL_EXPORTER_OTLP_PROTOCOL
+               (http/protobuf by default, grpc with the ``gymbus[grpc]`` extra)
+    console    when OTEL_TRACES_EXPORTER names ``console``
+    JSONL      when a traces file is given (GYMBUS_TRACES_FILE, or ``gymbus collect``'s run folder
+               when no OTLP endpoint is set): the local default, read by ``gymbus traces``
+    nothing    tracing is off and costs nothing (no provider, every span helper returns at once);
+               so is OTEL_SDK_DISABLED=true
+
+Sampling follows OTEL_TRACES_SAMPLER (default parentbased_always_on): the rollout's root decides
+and every hop follows. Resource attributes come from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES,
+defaulting ``service.name`` to the process's role (``gymbus-collect``, ``gymbus-math``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
+
+from runtime.telemetry import semconv
+
+log = logging.getLogger("gymbus.tracing")
+
+TRACES_FILE_ENV = "GYMBUS_TRACES_FILE"
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_PROBES_UNTRACED = "OTEL_PYTHON_STARLETTE_EXCLUDED_URLS"
+
+
+class TracingError(ValueError):
+    """The OTEL_* configuration cannot be served (e.g. a protocol whose exporter is not installed)."""
+
+
+TRACER: Tracer | None = None
+"""gymbus's tracer, or None while tracing is off (the span helpers check this first)."""
+CAPTURE_CONTENT = False
+"""Record prompts, outputs and tool arguments/results on spans (opt-in, they may hold PII)."""
+_provider: Any = None
+_file: Any = None
+
+
+def enabled() -> bool:
+    return TRACER is not None
+
+
+def configure(service: str, traces_file: str | Path | None = None) -> bool:
+    """Install a tracer provider for this process from the environment; False if nothing would
+    receive spans. Called again (another run in the same process), it re-points the JSONL file."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    path = traces_file or os.environ.get(TRACES_FILE_ENV) or None
+    if _provider is None:
+        exporters = _env_exporters()
+        if not exporters and not path:
+            return False
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=_resource(service))
+        for exporter in exporters:
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+        install(provider)
+    if path:
+        write_file(path)
+    return True
+
+
+def install(provider: Any) -> None:
+    """Record gymbus spans with ``provider`` (an SDK TracerProvider) and instrument aiohttp clients."""
+    global TRACER, CAPTURE_CONTENT, _provider
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+    from broker import publish
+    from runtime.telemetry import spans
+
+    _provider = provider
+    publish.instrument(spans.sending)
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # the global can be set once
+        trace.set_tracer_provider(provider)
+    TRACER = provider.get_tracer("gymbus")
+    CAPTURE_CONTENT = os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in ("true", "span_only", "span_and_event")
+    instrumentor = AioHttpClientInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(tracer_provider=provider)
+
+
+def write_file(path: str | Path | None) -> None:
+    """Append this process's spans to ``path`` (None: stop writing them to a file)."""
+    global _file
+    if _provider is None:
+        return
+    if _file is None:
+        if path is None:
+            return
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from runtime.telemetry.spanfile import JsonlSpanExporter
+
+        _file = JsonlSpanExporter(path)
+        _provider.add_span_processor(BatchSpanProcessor(_file))
+    elif _file.path != (Path(path) if path else None):
+        _provider.force_flush()
+        _file.reopen(path)
+
+
+def flush(timeout_s: float = 10.0) -> None:
+    """Export every finished span now (before a file is read, or the process exits)."""
+    if _provider is not None:
+        _provider.force_flush(int(timeout_s * 1000))
+
+
+def otlp_configured() -> bool:
+    exporters = _exporter_names()
+    return "none" not in exporters and ("otlp" in exporters or any(os.environ.get(v) for v in _OTLP_ENDPOINTS))
+
+
+def instrument_app(app: Any) -> None:
+    """Server spans for a Starlette app (the worker's probes are left out unless
+    OTEL_PYTHON_STARLETTE_EXCLUDED_URLS says otherwise: scrapes are not rollout work)."""
+    if _provider is None:
+        return
+    os.environ.setdefault(_PROBES_UNTRACED, "metrics,healthz")
+    from opentelemetry.instrumentation.starlette import StarletteInstrumentor
+
+    StarletteInstrumentor.instrument_app(app, tracer_provider=_provider)
+
+
+def _exporter_names() -> set[str]:
+    return {n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()}
+
+
+def _env_exporters() -> list[Any]:
+    names, out = _exporter_names(), []
+    if otlp_configured():
+        out.append(_otlp_exporter())
+    if "console" in names:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        out.append(ConsoleSpanExporter())
+    return out
+
+
+def _otlp_exporter() -> Any:
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise TracingError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: pip install 'gymbus[grpc]'"
+            ) from exc
+        return OTLPSpanExporter()
+    if protocol != "http/protobuf":
+        log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported here; using http/protobuf", protocol)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def _resource(service: str) -> Any:
+    from opentelemetry.sdk.resources import Resource
+
+    attrs: dict[str, Any] = {semconv.SERVICE_INSTANCE_ID: f"{socket.gethostname()}-{os.getpid()}"}
+    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not named:
+        attrs[semconv.SERVICE_NAME] = service
+    return Resource.create(attrs)
+
+
+def configure_run(run_dir: Path) -> dict[str, str]:
+    """Trace a ``gymbus collect`` run: to OTLP when an endpoint is set, else to ``run_dir/traces.jsonl``.
+    Returns the environment its local workers and simulated policy need to write there too."""
+    local = not otlp_configured() and "none" not in _exporter_names()
+    path = (run_dir / "traces.jsonl").resolve() if local else None
+    if not configure("gymbus-collect", path):
+        return {}
+    return {TRACES_FILE_ENV: str(path)} if path else {}
+
+
+def end_run() -> None:
+    """Flush this process's spans of the run and stop writing them to its file."""
+    flush()
+    write_file(os.environ.get(TRACES_FILE_ENV) or None)
+
+
+def uninstall() -> None:
+    """Back to tracing off (tests): flush, drop the provider and the aiohttp instrumentation."""
+    global TRACER, _provider, _file
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+    flush()
+    if _file is not None:
+        _file.reopen(None)
+    TRACER, _provider, _file = None, None, None
+    AioHttpClientInstrumentor().uninstrument()
