@@ -6,6 +6,7 @@
     ├── ContextLength    context_length   the conversation no longer fits the model's context
     ├── ToolError        tool_error       an environment tool raised
     ├── VerifierError    verifier_error   the verifier raised
+    ├── SandboxError     sandbox_error    a code sandbox could not run (backend unavailable, start failed)
     ├── Timeout          timeout          a step ran past its deadline
     │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
     └── Cancelled        cancelled        the user cancelled the rollout
@@ -70,6 +71,15 @@ class VerifierError(GymError):
     kind = "verifier_error"
 
 
+class SandboxError(GymError):
+    """A code sandbox could not run the candidate's code: the infrastructure failed, not the candidate.
+
+    Raised by ``runtime.sandbox`` (backend unavailable, a start that failed, no admission in time);
+    the candidate's own failures (wrong output, crash, timeout, memory) are verdicts, never this."""
+
+    kind = "sandbox_error"
+
+
 class Timeout(GymError):
     """A step or the whole rollout ran past its deadline."""
 
@@ -97,5 +107,5 @@ class Retry(Exception):
         self.reason = reason
 
 
-RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "internal"})
+RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "sandbox_error", "internal"})
 """The default retry policy (``runtime.engine.retry.DEFAULT_RETRY``; a run overrides it with ``Options.retry``)."""

@@ -1,0 +1,187 @@
+"""The confinement a sandboxed process gets between fork and exec: rlimits, Landlock, seccomp.
+
+Everything that opens files or resolves symbols is prepared in the parent (the seccomp filter once
+per process, the Landlock ruleset per run); between fork and exec the child only calls functions
+already resolved, so it cannot deadlock on a lock (the loader's, an import's) another thread of the
+worker held at fork time.
+
+- rlimits: CPU, address space, file size, processes, open files; no core dumps; nice 10.
+- Landlock (filesystem allow-list): read and execute the interpreter and the system libraries,
+  read-write the run's scratch directory and /dev/null; everything else (/etc/passwd, /root, the
+  worker's files, /proc) is denied.
+- seccomp (``pyseccomp`` over libseccomp, a deny list; everything else allowed): no sockets (so no
+  network and no Unix sockets), no ptrace or cross-process memory access, no mount, unshare, setns
+  or namespace-creating clone, no bpf, keyctl, perf_event_open, userfaultfd, io_uring, kernel modules
+  or reboot. ``clone3`` answers ENOSYS so the C library falls back to ``clone``, whose flags seccomp
+  can see.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import resource
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from runtime.sandbox.config import Limits
+
+DENIED_SYSCALLS: tuple[str, ...] = (
+    "socket",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "bpf",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "syslog",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fsopen",
+    "fsmount",
+    "move_mount",
+    "open_tree",
+)
+CLONE_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+READ_ONLY_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
+
+
+class ConfineError(RuntimeError):
+    """The confinement cannot be prepared on this host (no Landlock, no libseccomp): a sandbox error."""
+
+
+_FILTER: object | None = None
+
+
+def seccomp_filter() -> object:
+    """The process-wide deny-list filter (built once; loaded by every sandboxed child)."""
+    global _FILTER
+    if _FILTER is None:
+        try:
+            import pyseccomp as sc
+        except (ImportError, OSError) as exc:  # OSError: libseccomp itself is missing
+            raise ConfineError(f"seccomp is unavailable: {exc} (pip install pyseccomp; apt install libseccomp2)") from exc
+        f = sc.SyscallFilter(sc.ALLOW)
+        for name in DENIED_SYSCALLS:
+            try:
+                f.add_rule(sc.ERRNO(errno.EPERM), name)
+            except (OSError, ValueError):
+                continue  # a syscall this architecture does not have
+        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        for flag in CLONE_NAMESPACE_FLAGS:
+            f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        _FILTER = f
+    return _FILTER
+
+
+def seccomp_bpf() -> bytes:
+    """The same filter as BPF, for a loader that takes a program (bubblewrap's ``--seccomp FD``)."""
+    f = seccomp_filter()
+    r, w = os.pipe()
+    try:
+        with io.FileIO(w, "w", closefd=False) as out:
+            f.export_bpf(out)  # type: ignore[attr-defined]
+        os.close(w)
+        w = -1
+        chunks = []
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def landlock_ruleset(writable: Path, readable: Iterable[str]) -> object:
+    """A Landlock ruleset for one run: ``readable`` read+execute, ``writable`` everything, devices r/w."""
+    try:
+        import landlock
+        from landlock import FSAccess
+    except ImportError as exc:
+        raise ConfineError(f"Landlock is unavailable: {exc} (pip install landlock)") from exc
+    try:
+        from landlock import plumbing
+
+        abi = landlock.landlock_abi_version()
+        ruleset = landlock.Ruleset()
+        plumbing.get_prctl(), plumbing.get_restrict_self()  # resolved here: no dlsym between fork and exec
+    except OSError as exc:
+        raise ConfineError(f"Landlock is unavailable in this kernel: {exc}") from exc
+    read = FSAccess.READ_FILE | FSAccess.READ_DIR | FSAccess.EXECUTE
+    device = FSAccess.READ_FILE | FSAccess.WRITE_FILE | (FSAccess.TRUNCATE if abi >= 3 else 0)
+    for path in dict.fromkeys([*READ_ONLY_PATHS, *readable]):
+        if os.path.exists(path):
+            ruleset.allow(path, rules=read if os.path.isdir(path) else FSAccess.READ_FILE | FSAccess.EXECUTE)
+    for path in DEVICES:
+        if os.path.exists(path):
+            ruleset.allow(path, rules=device)
+    ruleset.allow(str(writable))
+    return ruleset
+
+
+def close_ruleset(ruleset: object | None) -> None:
+    fd = getattr(ruleset, "_fd", None)
+    if isinstance(fd, int) and fd >= 0:
+        os.close(fd)
+
+
+def rlimits(limits: Limits) -> list[tuple[int, tuple[int, int]]]:
+    mb = 1024 * 1024
+    return [
+        (resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1)),
+        (resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb)),
+        (resource.RLIMIT_FSIZE, (limits.file_mb * mb, limits.file_mb * mb)),
+        (resource.RLIMIT_NPROC, (limits.processes, limits.processes)),
+        (resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files)),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_MEMLOCK, (0, 0)),
+    ]
+
+
+def preexec(
+    limits: list[tuple[int, tuple[int, int]]], ruleset: object | None, seccomp: object | None
+) -> Callable[[], None]:
+    """The function the child runs after fork (already as the run's uid) and before exec."""
+
+    def confine() -> None:
+        os.nice(10)
+        for which, value in limits:
+            resource.setrlimit(which, value)
+        if ruleset is not None:
+            ruleset.apply()  # type: ignore[attr-defined]  # also sets no_new_privs
+        if seccomp is not None:
+            seccomp.load()  # type: ignore[attr-defined]
+
+    return confine
