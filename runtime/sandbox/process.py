@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 from pathlib import Path
 
 from runtime.errors import SandboxError
@@ -53,7 +54,7 @@ class ProcessBackend:
                 raise SandboxError(str(exc)) from exc
             limits = confine.rlimits(job.limits)
             if uid is None:  # same uid as the worker: a process limit would count the worker's own
-                limits = [(which, value) for which, value in limits if which != confine.resource.RLIMIT_NPROC]
+                limits = [(which, value) for which, value in limits if which != resource.RLIMIT_NPROC]
             spawn: dict[str, object] = {"preexec_fn": confine.preexec(limits, ruleset, self.seccomp)}
             if uid is not None:
                 spawn.update(user=uid, group=uid, extra_groups=[])

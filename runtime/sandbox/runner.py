@@ -130,6 +130,7 @@ async def execute(
     cwd: str,
     spawn: dict[str, Any],
     cleanup: Callable[[], Awaitable[None]] | None = None,
+    status: Callable[[int], int] | None = None,
 ) -> Outcome:
     """Start ``argv`` (``spawn``: extra Popen arguments: user, preexec_fn, pass_fds ...) and wait for its verdict.
 
@@ -169,7 +170,7 @@ async def execute(
     if killed_for is None and output.over.is_set():  # exited just as it went over: its output is cut all the same
         killed_for = "output_capped"
     stderr = output.err.decode(errors="replace")
-    code = proc.returncode
+    code = proc.returncode if status is None else status(proc.returncode)
     verdict, detail = classify(code, stderr, killed_for=killed_for, wall_s=limits.wall_s, cpu_s=limits.cpu_s)
     return Outcome(
         verdict=verdict,
