@@ -82,24 +82,40 @@ class FleetAdmission:
         if self._loop is not loop:  # connections and locks belong to one event loop
             self._loop, self._kv, self._nc = loop, None, None
             self._turn, self._released = asyncio.Lock(), asyncio.Event()
+        if self._nc is not None and self._nc.is_closed:  # gave up reconnecting: start over
+            self._kv, self._nc = None, None
         if self._kv is None:
-            js = self._js
-            if js is None:
-                if not self._url:
-                    raise SandboxError(
-                        "fleet admission (GYMBUS_SANDBOX_FLEET_MAX) needs the broker: set GYMBUS_NATS_URL "
-                        "or GYMBUS_SANDBOX_NATS_URL"
-                    )
-                try:
-                    self._nc = await nats.connect(self._url, name="gymbus-sandbox-admission", connect_timeout=5)
-                except Exception as exc:
-                    raise SandboxError(f"fleet admission: cannot reach the broker at {self._url}: {exc}") from exc
-                js = self._nc.jetstream()
+            js = self._js or await self._connect()
             try:
                 self._kv, self._jsc = await js.key_value(topology.SANDBOXES), js
             except Exception as exc:
                 raise SandboxError(f"fleet admission: no {topology.SANDBOXES!r} bucket ({exc})") from exc
         return self._kv
+
+    async def _connect(self) -> JetStreamContext:
+        """An own connection that fails fast (a run waits on it) and, once up, rides out short outages."""
+        if not self._url:
+            raise SandboxError(
+                "fleet admission (GYMBUS_SANDBOX_FLEET_MAX) needs the broker: set GYMBUS_NATS_URL or GYMBUS_SANDBOX_NATS_URL"
+            )
+
+        async def quiet(exc: Exception) -> None:
+            log.debug("sandbox admission: %s", exc)
+
+        try:
+            self._nc = await nats.connect(
+                self._url,
+                name="gymbus-sandbox-admission",
+                connect_timeout=3,
+                max_reconnect_attempts=10,
+                reconnect_time_wait=0.5,
+                ping_interval=5,
+                error_cb=quiet,
+                user_credentials=os.environ.get("NATS_CREDS") or None,
+            )
+        except Exception as exc:
+            raise SandboxError(f"fleet admission: cannot reach the broker at {self._url}: {exc}") from exc
+        return self._nc.jetstream()
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[int]:

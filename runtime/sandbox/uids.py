@@ -21,7 +21,7 @@ class UidPool:
     def __init__(self, base: int, count: int, lock_dir: str | Path | None = None) -> None:
         self.base = base
         self.count = count
-        self.lock_dir = Path(lock_dir or Path(tempfile.gettempdir()) / "gymbus-sandbox-uids")
+        self.lock_dir = Path(lock_dir or Path(tempfile.gettempdir()) / "gymbus-uids")
         self.lock_dir.mkdir(mode=0o700, exist_ok=True)
 
     def acquire(self) -> tuple[int, int]:
