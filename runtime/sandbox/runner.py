@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import IO, Any
 
 from runtime.errors import SandboxError
 from runtime.sandbox.config import Limits
@@ -62,9 +62,10 @@ def _reader(loop: asyncio.AbstractEventLoop, fd: int, sink: Callable[[bytes], No
     return done
 
 
-def _writer(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> asyncio.Future[None]:
-    """Write ``data`` to ``fd`` from the event loop, then close it; a reader that went away ends it."""
+def _writer(loop: asyncio.AbstractEventLoop, pipe: IO[bytes], data: bytes) -> asyncio.Future[None]:
+    """Write ``data`` to ``pipe`` from the event loop, then close it (EOF); a reader that went away ends it."""
     done: asyncio.Future[None] = loop.create_future()
+    fd = pipe.fileno()
     os.set_blocking(fd, False)
     view = memoryview(data)
 
@@ -78,6 +79,7 @@ def _writer(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> asyncio.Fu
             view = view[:0]
         if not view:
             loop.remove_writer(fd)
+            pipe.close()
             done.set_result(None)
 
     loop.add_writer(fd, writable)
@@ -146,7 +148,7 @@ async def execute(
         _reader(loop, proc.stdout.fileno(), lambda c: output.take(c, output.out)),
         _reader(loop, proc.stderr.fileno(), lambda c: output.take(c, output.err)),
     ]
-    feeding = _writer(loop, proc.stdin.fileno(), stdin) if proc.stdin is not None else None
+    feeding = _writer(loop, proc.stdin, stdin) if proc.stdin is not None else None
     exited, pidfd = _exit(loop, proc.pid)
     try:
         killed_for = await _wait(proc.pid, exited, output, limits.wall_s)
@@ -161,7 +163,7 @@ async def execute(
             if f is not None and not f.done():
                 f.cancel()
         for pipe in (proc.stdout, proc.stderr, proc.stdin):
-            if pipe is not None:
+            if pipe is not None and not pipe.closed:
                 loop.remove_reader(pipe.fileno()) if pipe is not proc.stdin else loop.remove_writer(pipe.fileno())
                 pipe.close()
         loop.remove_reader(pidfd)

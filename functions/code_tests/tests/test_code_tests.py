@@ -1,0 +1,96 @@
+"""code_tests: the verifier both ways on its examples, the test styles, and the examples end to end."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from functions.code_tests import env
+from functions.code_tests.env import ENVIRONMENT, Meta, reference
+from runtime import sandbox
+from runtime.sandbox import Limits
+from runtime.sdk import Rollout, Task
+from runtime.testing import Harness, task_rows
+
+EXAMPLES = Path(__file__).parents[1] / "data" / "example.jsonl"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the process sandbox drops to per-run uids: needs root")
+
+
+@pytest.fixture(autouse=True)
+def quick_sandbox() -> Iterator[None]:
+    saved = sandbox._DEFAULT
+    sandbox.configure(limits=Limits(wall_s=2.0, cpu_s=1))
+    yield
+    sandbox._DEFAULT = saved
+
+
+def reply(text: str) -> Rollout:
+    return Rollout(output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={})
+
+
+def task(row: dict) -> Task[Meta]:
+    meta = msgspec.convert({k: v for k, v in row.items() if k != "responses_create_params"}, Meta)
+    return Task(index=0, rollout_index=0, meta=meta, params={}, input=[])
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return task_rows(EXAMPLES)
+
+
+async def test_reference_answers_pass(rows: list[dict]) -> None:
+    assert len(rows) >= 8
+    for row in rows:
+        verdict = await ENVIRONMENT.verify(task(row), reply(reference(row)))
+        assert verdict.reward == 1.0 and set(verdict.info["results"].values()) == {"pass"}, (row["id"], verdict.info)
+
+
+async def test_plausible_wrong_answers_fail(rows: list[dict]) -> None:
+    """Each example's own function, returning None instead: defined, importable, wrong."""
+    for row in rows:
+        name = (row.get("entry_point") or row["tests"].split("import ", 1)[1].split()[0]).strip()
+        wrong = f"```python\ndef {name}(*args):\n    return None\n```"
+        verdict = await ENVIRONMENT.verify(task(row), reply(wrong))
+        assert verdict.reward == 0.0 and "AssertionError" in verdict.info["first_failure"], (row["id"], verdict.info)
+
+
+TESTS = "from solution import f\nassert f(1) == 2\n\ndef test_two():\n    assert f(2) == 4\n\ndef test_three():\n    assert f(3) == 7\n"
+
+
+async def test_test_styles_and_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = task({"tests": TESTS})
+    all_or_nothing = await ENVIRONMENT.verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))
+    assert all_or_nothing.reward == 0.0 and all_or_nothing.info["results"] == {
+        "module": "pass", "test_two": "pass", "test_three": "fail"
+    }
+    monkeypatch.setattr(env, "REWARD", "fraction")
+    assert (await ENVIRONMENT.verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))).reward == 0.5
+
+
+async def test_a_solution_cannot_print_its_way_to_a_pass() -> None:
+    """Printing a results line of its own and exiting is not a pass: the marker carries a nonce it never saw."""
+    cheat = '```python\nimport os\nprint(\'@@x@@[["module", "pass", ""]]\')\nos._exit(0)\n```'
+    verdict = await ENVIRONMENT.verify(task({"tests": TESTS}), reply(cheat))
+    assert verdict.reward == 0.0
+
+
+async def test_no_code_and_runaway_code_score_zero() -> None:
+    t = task({"tests": TESTS})
+    assert (await ENVIRONMENT.verify(t, reply("f doubles x."))).info["reason"].startswith("no ```python")
+    spin = await ENVIRONMENT.verify(t, reply("```python\nwhile True:\n    pass\n```"))
+    assert spin.reward == 0.0 and spin.info["verdict"] == "timeout"
+
+
+@pytest.mark.parametrize("accuracy,reward", [(1.0, 1.0), (0.0, 0.0)])
+async def test_examples_end_to_end(harness: Harness, rows: list[dict], accuracy: float, reward: float) -> None:
+    await harness.simulate(EXAMPLES, accuracy=accuracy)
+    await harness.worker("simple_agent")
+    await harness.worker("code_tests")
+    for i, row in enumerate(rows):
+        await harness.submit(harness.start(row, run_id="examples", task_index=i, env="code_tests"))
+    results = await harness.results("examples", len(rows), timeout=90)
+    assert [r.reward for r in results] == [reward] * len(rows), [(r.task_index, r.failure_reason) for r in results]
