@@ -161,3 +161,19 @@ async def test_admission_wait_and_run_are_spans(harness: Harness, spans: InMemor
     runs = [s for s in finished if s.name == "sandbox run"]
     assert len(waits) == 2 and waits[1] > 0.25, waits  # the second waited for the first's slot
     assert [s.attributes["gymbus.sandbox.verdict"] for s in runs] == ["ok", "ok"]
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("backend", ["bubblewrap", "docker"])
+async def test_backend_basics(backend: str) -> None:
+    """The other backends give the same verdicts as the process backend (skipped with the reason when absent)."""
+    try:
+        sandbox = Sandbox(SandboxConfig(backend=backend, limits=QUICK))  # type: ignore[arg-type]
+        sandbox.backend  # noqa: B018
+    except SandboxError as exc:
+        pytest.skip(f"{backend} backend cannot run here: {exc.reason}")
+    out = await sandbox.run("import data\nprint(int(input()) * data.K)", files={"data.py": "K = 2"}, stdin="21\n")
+    assert (out.verdict, out.stdout) == ("ok", "42\n"), out
+    assert (await sandbox.run(["python", "-c", "raise SystemExit(3)"])).detail == "exit status 3"
+    verdicts = await asyncio.gather(*(sandbox.run(c) for c in ("import time; time.sleep(60)", "x = bytearray(1 << 30)")))
+    assert [o.verdict for o in verdicts] == ["timeout", "memory"], verdicts
