@@ -65,7 +65,9 @@ def tests_of(meta: Meta) -> UnitTests:
             unpacked = json.loads(zlib.decompress(base64.b64decode(tests.packed)))
             tests = UnitTests(unpacked["inputs"], unpacked["outputs"], tests.fn_name)
         except (ValueError, KeyError, TypeError, zlib.error) as exc:
-            raise InvalidInput(f"task field `$.meta.verifier_metadata.unit_tests.packed` cannot be unpacked: {exc}") from None
+            raise InvalidInput(
+                f"task field `$.meta.verifier_metadata.unit_tests.packed` cannot be unpacked: {exc}"
+            ) from None
     if len(tests.inputs) != len(tests.outputs) or not tests.inputs:
         raise InvalidInput(
             f"task field `$.meta.verifier_metadata.unit_tests`: {len(tests.inputs)} inputs and "

@@ -64,7 +64,7 @@ holds it in either way (containment is the sandbox's guarantee; grading is the t
 
 def parse(stdout: str, mark: str) -> list[list[str]] | None:
     """The runner's per-test results, or None if it never got to print them."""
-    head, found, tail = stdout.rpartition(mark)
+    _, found, tail = stdout.rpartition(mark)
     if not found:
         return None
     try:

@@ -96,7 +96,8 @@ class FleetAdmission:
         """An own connection that fails fast (a run waits on it) and, once up, rides out short outages."""
         if not self._url:
             raise SandboxError(
-                "fleet admission (GYMBUS_SANDBOX_FLEET_MAX) needs the broker: set GYMBUS_NATS_URL or GYMBUS_SANDBOX_NATS_URL"
+                "fleet admission (GYMBUS_SANDBOX_FLEET_MAX) needs the broker: "
+                "set GYMBUS_NATS_URL or GYMBUS_SANDBOX_NATS_URL"
             )
 
         async def quiet(exc: Exception) -> None:

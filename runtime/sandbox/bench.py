@@ -53,8 +53,14 @@ async def startup(backend: str, runs: int) -> dict[str, object]:
         outcome = await sandbox.run("print(1)")
         times.append((time.perf_counter() - t0) * 1000)
         assert outcome.stdout == "1\n", outcome
-    return {"bench": "startup", "backend": backend, "runs": runs, "median_ms": round(statistics.median(times), 1),
-            "p99_ms": round(_pct(times, 0.99), 1), "load_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "bench": "startup",
+        "backend": backend,
+        "runs": runs,
+        "median_ms": round(statistics.median(times), 1),
+        "p99_ms": round(_pct(times, 0.99), 1),
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 async def throughput(seconds: float, concurrency: int) -> dict[str, object]:
@@ -92,9 +98,15 @@ async def _loop(nc: object, rows: list[dict], seconds: float, concurrency: int) 
     while time.perf_counter() - start < seconds:
         await free.acquire()
         row = rows[n % len(rows)]
-        msg = Start(run_id=run_id, task_index=n, agent="simple_agent", env="code_gen",
-                    responses_create_params=row["responses_create_params"],
-                    meta={k: v for k, v in row.items() if k != "responses_create_params"}, options=Options())
+        msg = Start(
+            run_id=run_id,
+            task_index=n,
+            agent="simple_agent",
+            env="code_gen",
+            responses_create_params=row["responses_create_params"],
+            meta={k: v for k, v in row.items() if k != "responses_create_params"},
+            options=Options(),
+        )
         sid = session_id(run_id, n, 0)
         sent[sid] = time.perf_counter()
         await publish(js, topology.agent_subject("simple_agent"), msg, f"{sid}:start:0")
@@ -102,11 +114,18 @@ async def _loop(nc: object, rows: list[dict], seconds: float, concurrency: int) 
     finished = len(done)
     elapsed = time.perf_counter() - start
     await nc.close()  # type: ignore[attr-defined]
-    return {"bench": "code_gen", "backend": "process", "concurrency": concurrency, "seconds": round(elapsed, 1),
-            "rollouts": finished, "rollouts_per_s": round(finished / elapsed, 1),
-            "e2e_p50_ms": round(_pct(done, 0.5) * 1000), "e2e_p99_ms": round(_pct(done, 0.99) * 1000),
-            "mean_reward": round(sum(r or 0 for r in rewards) / max(1, len(rewards)), 3),
-            "load_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "bench": "code_gen",
+        "backend": "process",
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 1),
+        "rollouts": finished,
+        "rollouts_per_s": round(finished / elapsed, 1),
+        "e2e_p50_ms": round(_pct(done, 0.5) * 1000),
+        "e2e_p99_ms": round(_pct(done, 0.99) * 1000),
+        "mean_reward": round(sum(r or 0 for r in rewards) / max(1, len(rewards)), 3),
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,7 @@ class BubblewrapBackend:
 
     async def run(self, job: Job) -> Outcome:
         uid, lock = self.uids.acquire() if self.uids is not None else (None, -1)
+        swept = False
         fds: list[int] = []
         try:
             args = [*self.base]
@@ -85,8 +86,10 @@ class BubblewrapBackend:
                 spawn.update(user=uid, group=uid, extra_groups=[])
 
             async def cleanup() -> None:
+                nonlocal swept
                 if uid is not None:
                     await asyncio.to_thread(sweep, uid)
+                swept = True
 
             return await execute(
                 args,
@@ -102,7 +105,9 @@ class BubblewrapBackend:
             for fd in fds:
                 os.close(fd)
             if uid is not None:
-                await asyncio.to_thread(self.uids.release, uid, lock)  # type: ignore[union-attr]
+                if not swept:  # cancelled or failed before its cleanup: never hand the uid on with processes
+                    sweep(uid)
+                self.uids.release(uid, lock)  # type: ignore[union-attr]
 
 
 def _memfd(name: str, content: bytes) -> int:

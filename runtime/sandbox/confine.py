@@ -91,7 +91,9 @@ def seccomp_filter() -> object:
         try:
             import pyseccomp as sc
         except (ImportError, OSError) as exc:  # OSError: libseccomp itself is missing
-            raise ConfineError(f"seccomp is unavailable: {exc} (pip install pyseccomp; apt install libseccomp2)") from exc
+            raise ConfineError(
+                f"seccomp is unavailable: {exc} (pip install pyseccomp; apt install libseccomp2)"
+            ) from exc
         f = sc.SyscallFilter(sc.ALLOW)
         for name in DENIED_SYSCALLS:
             try:

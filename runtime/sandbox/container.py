@@ -2,10 +2,11 @@
 
 The container has no network (``network_mode=none``), a read-only root, tmpfs /work and /tmp of the
 file size limit, memory (and swap) and pids limits, one CPU, CPU/file-size/open-files ulimits, all
-capabilities dropped, ``no-new-privileges``, the unprivileged uid 65534 and no log driver. Nothing is copied into it: the files, the command and stdin travel on its stdin as one
-JSON line, which a few lines of Python inside unpack into /work before exec'ing the command with an
-empty environment. It works against any engine the SDK reaches (DOCKER_HOST, or ``docker_url``),
-also a remote one. The image must already be on the engine (``python:3.11-slim`` by default).
+capabilities dropped, ``no-new-privileges``, the unprivileged uid 65534 and no log driver.
+Nothing is copied into it: the files, the command and stdin travel on its stdin as one JSON line,
+which a few lines of Python inside unpack into /work before running the command with an empty
+environment. It works against any engine the SDK reaches (DOCKER_HOST, or ``docker_url``), also a
+remote one. The image must already be on the engine (``python:3.11-slim`` by default).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ BOOT = (
     "s=os.waitpid(pid,0)[1];os._exit(128+os.WTERMSIG(s) if os.WIFSIGNALED(s) else os.WEXITSTATUS(s))\n"
 )
 """PID 1 of the container: unpacks the files and stdin, runs the command as its child in /work (a
-``working_dir`` would reset the tmpfs's mode; PID 1 itself would be spared the CPU limit's signals) and exits with its status (128 + N for signal N)."""
+``working_dir`` would reset the tmpfs's mode; PID 1 itself would be spared the CPU limit's signals)
+and exits with its status (128 + N for signal N)."""
 LABEL = "gymbus.sandbox"
 
 
@@ -137,7 +139,7 @@ class DockerBackend:
             raw.sendall(json.dumps(header).encode() + b"\n")
             raw.shutdown(socket.SHUT_WR)
             killed_for = _demux(raw, deadline, lim.output_bytes, out, err)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             killed_for = "timeout"
         except OSError:
             pass  # the container closed the connection (it exited); its status says how

@@ -105,16 +105,20 @@ ATTEMPTS: tuple[Attempt, ...] = (
     Attempt("spins the CPU", lambda h: "while True:\n    pass", lambda h, o: o.verdict == "timeout"),
     Attempt(
         "writes 1 GB",
-        lambda h: "chunk = b'x' * (1 << 20)\nwith open('big', 'wb') as f:\n    for _ in range(1024):\n        f.write(chunk)",
+        lambda h: (
+            "chunk = b'x' * (1 << 20)\nwith open('big', 'wb') as f:\n    for _ in range(1024):\n        f.write(chunk)"
+        ),
         lambda h, o: o.verdict != "ok",
     ),
     Attempt("prints 100 MB", lambda h: "print('x' * 100_000_000)", lambda h, o: o.verdict == "output_capped"),
     Attempt("sleeps forever", lambda h: "import time\ntime.sleep(10**6)", lambda h, o: o.verdict == "timeout"),
     Attempt(
         "reads os.environ for the API key",
-        lambda h: "import os, glob\nprint(dict(os.environ))\n"
-        "for p in ['/proc/self/environ', f'/proc/{os.getppid()}/environ', '/proc/1/environ']:\n"
-        "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print(p, e)",
+        lambda h: (
+            "import os, glob\nprint(dict(os.environ))\n"
+            "for p in ['/proc/self/environ', f'/proc/{os.getppid()}/environ', '/proc/1/environ']:\n"
+            "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print(p, e)"
+        ),
         _no_leak,
     ),
     Attempt(

@@ -38,7 +38,10 @@ class Job:
 
 def make_job(program: Program, files: Files | None, stdin: str | bytes, limits: Limits) -> Job:
     """Python source (a str) runs as ``main.py``; a sequence is a command run in the scratch directory."""
-    data = {_check_name(name): content.encode() if isinstance(content, str) else bytes(content) for name, content in (files or {}).items()}
+    data = {
+        _check_name(name): content.encode() if isinstance(content, str) else bytes(content)
+        for name, content in (files or {}).items()
+    }
     if isinstance(program, str):
         data[MAIN] = program.encode()
         argv: tuple[str, ...] = (PYTHON, MAIN)

@@ -44,6 +44,7 @@ class ProcessBackend:
 
     async def run(self, job: Job) -> Outcome:
         uid, lock = self.uids.acquire() if self.uids is not None else (None, -1)
+        swept = False
         scratch = scratch_dir(self.config.scratch_root, uid)
         ruleset = None
         try:
@@ -60,8 +61,10 @@ class ProcessBackend:
                 spawn.update(user=uid, group=uid, extra_groups=[])
 
             async def cleanup() -> None:
+                nonlocal swept
                 if uid is not None:
                     await asyncio.to_thread(sweep, uid)
+                swept = True
 
             return await execute(
                 job.command(self.python),
@@ -76,7 +79,9 @@ class ProcessBackend:
             confine.close_ruleset(ruleset)
             remove(scratch)
             if uid is not None:
-                await asyncio.to_thread(self.uids.release, uid, lock)  # type: ignore[union-attr]
+                if not swept:  # cancelled or failed before its cleanup: never hand the uid on with processes
+                    sweep(uid)
+                self.uids.release(uid, lock)  # type: ignore[union-attr]
 
 
 def _interpreter_dirs(python: str) -> list[str]:

@@ -15,7 +15,7 @@ MAX_CHARS = 4000
 
 
 async def python(code: str) -> str:
-    """Run Python 3 code and return what it prints (stdout). Each call starts fresh: define what you need in the same call, and print the values you want to see."""
+    """Run Python 3 code in a fresh process (nothing persists between calls) and return what it prints."""
     outcome = await default().run(code)
     if outcome.ok:
         return _cut(outcome.stdout) if outcome.stdout.strip() else "(no output; print() what you want to see)"

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+CLEAN = b"clean"
+
 
 class UidPool:
     def __init__(self, base: int, count: int, lock_dir: str | Path | None = None) -> None:
@@ -35,13 +37,16 @@ class UidPool:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            sweep(uid)  # a holder that crashed may have left processes behind
+            if os.pread(fd, 5, 0) != CLEAN:  # a holder that crashed may have left processes behind
+                sweep(uid)
+            os.pwrite(fd, b"dirty", 0)
             return uid, fd
         raise RuntimeError(f"all {self.count} sandbox uids from {self.base} are in use on this host")
 
     def release(self, uid: int, fd: int) -> None:
+        """Give the uid back; the caller has swept it (a crash before that leaves it marked dirty)."""
         try:
-            sweep(uid)
+            os.pwrite(fd, CLEAN, 0)
         finally:
             os.close(fd)
 

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the process sandbox d
 
 
 def reply(text: str) -> Rollout:
-    return Rollout(output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={})
+    return Rollout(
+        output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={}
+    )
 
 
 def task(row: dict) -> Task[Meta]:
@@ -58,11 +60,17 @@ async def test_reference_answers_pass_every_test(rows: list[dict]) -> None:
 
 async def test_plausible_wrong_answers_score_zero(rows: list[dict]) -> None:
     echo = "```python\nimport sys\nprint(sys.stdin.read().split()[0])\n```"
-    call = "```python\ndef add(a, b):\n    return a - b\nclass Solution:\n    def longest(self, words):\n        return min(words, key=len)\n```"
+    call = (
+        "```python\ndef add(a, b):\n    return a - b\n"
+        "class Solution:\n    def longest(self, words):\n        return min(words, key=len)\n```"
+    )
     for row in rows:
         wrong = call if row["verifier_metadata"]["unit_tests"].get("fn_name") else echo
         verdict = await ENVIRONMENT.verify(task(row), reply(wrong))
-        assert verdict.reward == 0.0 and verdict.info["first_failure"]["result"] in ("wrong", "error"), (row["id"], verdict.info)
+        assert verdict.reward == 0.0 and verdict.info["first_failure"]["result"] in ("wrong", "error"), (
+            row["id"],
+            verdict.info,
+        )
 
 
 async def test_no_code_and_crashes_are_zero_with_the_reason(rows: list[dict]) -> None:

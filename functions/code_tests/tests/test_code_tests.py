@@ -29,7 +29,9 @@ def quick_sandbox() -> Iterator[None]:
 
 
 def reply(text: str) -> Rollout:
-    return Rollout(output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={})
+    return Rollout(
+        output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={}
+    )
 
 
 def task(row: dict) -> Task[Meta]:
@@ -58,14 +60,19 @@ async def test_plausible_wrong_answers_fail(rows: list[dict]) -> None:
         assert verdict.reward == 0.0 and "AssertionError" in verdict.info["first_failure"], (row["id"], verdict.info)
 
 
-TESTS = "from solution import f\nassert f(1) == 2\n\ndef test_two():\n    assert f(2) == 4\n\ndef test_three():\n    assert f(3) == 7\n"
+TESTS = (
+    "from solution import f\nassert f(1) == 2\n\n"
+    "def test_two():\n    assert f(2) == 4\n\ndef test_three():\n    assert f(3) == 7\n"
+)
 
 
 async def test_test_styles_and_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
     t = task({"tests": TESTS})
     all_or_nothing = await ENVIRONMENT.verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))
     assert all_or_nothing.reward == 0.0 and all_or_nothing.info["results"] == {
-        "module": "pass", "test_two": "pass", "test_three": "fail"
+        "module": "pass",
+        "test_two": "pass",
+        "test_three": "fail",
     }
     monkeypatch.setattr(env, "REWARD", "fraction")
     assert (await ENVIRONMENT.verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))).reward == 0.5

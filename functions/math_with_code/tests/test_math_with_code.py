@@ -20,7 +20,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the process sandbox d
 
 
 def reply(text: str) -> Rollout:
-    return Rollout(output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={})
+    return Rollout(
+        output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}], state={}
+    )
 
 
 def task(row: dict) -> Task:
