@@ -12,8 +12,8 @@ worker held at fork time.
 - seccomp (``pyseccomp`` over libseccomp, a deny list; everything else allowed): no sockets (so no
   network and no Unix sockets), no ptrace or cross-process memory access, no mount, unshare, setns
   or namespace-creating clone, no bpf, keyctl, perf_event_open, userfaultfd, io_uring, kernel modules
-  or reboot. ``clone3`` answers ENOSYS so the C library falls back to ``clone``, whose flags seccomp
-  can see.
+  or reboot; no signal to the worker, its process group or every process at once. ``clone3``
+  answers ENOSYS so the C library falls back to ``clone``, whose flags seccomp can see.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 import resource
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from runtime.sandbox.config import Limits
 
@@ -103,8 +104,20 @@ def seccomp_filter() -> object:
         f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         for flag in CLONE_NAMESPACE_FLAGS:
             f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        _protect_worker(sc, f)
         _FILTER = f
     return _FILTER
+
+
+def _protect_worker(sc: Any, f: Any) -> None:
+    """No signal to this worker process or its group, and none to every process at once (kill -1),
+    should a run share the worker's uid (``allow_same_uid``); as a uid of its own it could not anyway."""
+    me, group = os.getpid(), os.getpgrp()
+    targets = {"kill": (me, -group, -1), "tkill": (me,), "tgkill": (me,), "pidfd_open": (me,)}
+    for name, pids in targets.items():
+        for pid in pids:
+            low = pid & 0xFFFFFFFF  # a pid_t: compare the low 32 bits, however the register was extended
+            f.add_rule(sc.ERRNO(errno.EPERM), name, sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low))
 
 
 def seccomp_bpf() -> bytes:
