@@ -182,6 +182,7 @@ def worker(
     _logging(verbose)
     if not nats:
         raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
+    os.environ.setdefault("GYMBUS_NATS_URL", nats)  # for functions that reach the broker themselves (sandbox admission)
     try:
         fn = load(function)
     except (LookupError, ImportError) as exc:

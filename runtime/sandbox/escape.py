@@ -145,9 +145,12 @@ class Row:
 
 
 def _why(o: Outcome) -> str:
+    """The evidence: the last line of a traceback, or what an exit-0 run printed, else the verdict's detail."""
     lines = [line for line in o.stderr.strip().splitlines() if line.strip()]
-    last = lines[-1][:70] if lines and o.verdict in ("error", "memory", "output_capped") and o.exit_code else ""
-    return last or o.detail
+    if lines and o.verdict in ("error", "memory", "output_capped") and o.exit_code:
+        return lines[-1][:90]
+    printed = " ".join(o.stdout.split())
+    return f"printed {printed[:60]!r}" + ("…" if len(printed) > 60 else "") if o.ok and printed else o.detail
 
 
 async def run_suite(backend: str, host: Host | None = None, limits: Limits = LIMITS) -> list[Row]:
