@@ -4,7 +4,10 @@ fleet admission over a real broker, and its span. Backend-specific escape checks
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -188,3 +191,24 @@ async def test_backend_basics(backend: str) -> None:
         *(sandbox.run(c) for c in ("import time; time.sleep(60)", "x = bytearray(1 << 30)"))
     )
     assert [o.verdict for o in verdicts] == ["timeout", "memory"], verdicts
+
+
+@pytest.mark.sandbox
+def test_fleet_admission_across_worker_processes(tmp_path: Path) -> None:
+    """`gymbus collect` with two code_gen worker processes and GYMBUS_SANDBOX_FLEET_MAX=2: never more
+    than 2 sandboxes at once, both slots used, and every run's admission wait in the traces."""
+    config = tmp_path / "fleet.yaml"
+    text = (Path(__file__).parents[1] / "configs" / "code_gen.yaml").read_text()
+    config.write_text(text.replace("repeats: 4", "repeats: 2").replace("replicas: 1", "replicas: 2"))
+    env = {**os.environ, "GYMBUS_SANDBOX_FLEET_MAX": "2", "GYMBUS_SANDBOX_WALL_S": "5"}
+    cmd = [sys.executable, "-m", "runtime", "collect", str(config), "--output", str(tmp_path / "runs"), "--quiet"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    [run] = list((tmp_path / "runs").iterdir())
+    spans = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+    runs = [s for s in spans if s["name"] == "sandbox run"]
+    admitted = [s for s in spans if s["name"] == "sandbox admission"]
+    edges = sorted([(s["start_ns"], 1) for s in runs] + [(s["end_ns"], -1) for s in runs])
+    running = [sum(d for _, d in edges[: i + 1]) for i in range(len(edges))]
+    assert len(runs) == len(admitted) >= 24 and max(running) <= 2
+    assert {s["attributes"]["gymbus.sandbox.slot"] for s in admitted} == {0, 1}

@@ -182,7 +182,6 @@ def worker(
     _logging(verbose)
     if not nats:
         raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
-    os.environ.setdefault("GYMBUS_NATS_URL", nats)  # for functions that reach the broker themselves (sandbox admission)
     try:
         fn = load(function)
     except (LookupError, ImportError) as exc:
@@ -197,6 +196,7 @@ def worker(
         tracing.configure(f"gymbus-{fn.name}")
     except tracing.TracingError as exc:
         raise _fail(str(exc)) from None
+    os.environ.setdefault("GYMBUS_NATS_URL", nats)  # for functions that reach the broker themselves (sandbox admission)
     _event_loop_run(serve(w))
 
 
