@@ -35,16 +35,16 @@ from broker.publish import publish
 from broker.schemas import Result, Start, encoder, result_decoder, session_id
 from broker.sessions import SessionStore
 from runtime.engine import deadletters
-from runtime.telemetry import tracing
-from runtime.runs.config import RunConfig
-from runtime.engine.handlers import publish_orphan_failure
+from runtime.engine.failures import publish_orphan_failure
 from runtime.model.client import register
 from runtime.profiling.profile import Profile
-from runtime.runs.progress import RunProgress
 from runtime.rows import output_row, result_from_row
-from runtime.sdk import Environment, load
-from runtime.telemetry.spans import RolloutSpans
+from runtime.runs.config import RunConfig
+from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
+from runtime.sdk import Environment, load
+from runtime.telemetry import tracing
+from runtime.telemetry.spans import RolloutSpans
 
 log = logging.getLogger("gymbus.collect")
 

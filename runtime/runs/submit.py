@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from broker import topology
 from broker.connect import connect
 from broker.schemas import Result
+from runtime.model.client import register
 from runtime.runs.collect import (
     InputError,
     ResultsFeed,
@@ -33,7 +34,6 @@ from runtime.runs.collect import (
     topology_name_ok,
 )
 from runtime.runs.config import RunConfig
-from runtime.model.client import register
 from runtime.sdk import Environment
 
 log = logging.getLogger("gymbus.submit")
