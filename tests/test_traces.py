@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from conftest import ROOT
 from runtime.model.simulator import InThread
-from runtime.telemetry import breakdown as traces
+from runtime.profiling import breakdown as traces
 from runtime.telemetry import spanfile
 
 

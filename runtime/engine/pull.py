@@ -22,23 +22,32 @@ log = logging.getLogger("gymbus.pull")
 
 class Slots:
     """Free handler slots of one consumer. Each subject a worker serves has its own, so a long poll
-    on an idle subject never holds up work waiting on another."""
+    on an idle subject never holds up work waiting on another. One loop takes, many handlers give."""
 
     def __init__(self, n: int) -> None:
         self.free = n
-        self._cond = asyncio.Condition()
+        self.closed = False
+        self._changed = asyncio.Event()
 
     async def take(self, most: int) -> int:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.free > 0)
-            k = min(most, self.free)
-            self.free -= k
-            return k
+        """Up to ``most`` free slots, waiting for one; 0 once closed (a stopping worker never waits on
+        its busy handlers here: its drain has its own timeout)."""
+        while self.free <= 0 and not self.closed:
+            self._changed.clear()
+            await self._changed.wait()
+        if self.closed:
+            return 0
+        k = min(most, self.free)
+        self.free -= k
+        return k
 
-    async def give(self, k: int = 1) -> None:
-        async with self._cond:
-            self.free += k
-            self._cond.notify_all()
+    def give(self, k: int = 1) -> None:
+        self.free += k
+        self._changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._changed.set()
 
 
 class Puller:

@@ -92,6 +92,7 @@ class Worker:
     _beating: dict[int, tuple[NatsMsg, float]] = field(default_factory=dict)
     """Messages being handled (by id) and the monotonic time of their last sign of life (see `_sweep`)."""
     _nc: Client | None = None
+    _slots: list[Slots] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -99,6 +100,8 @@ class Worker:
 
     def stop(self) -> None:
         self._stopping.set()
+        for slots in self._slots:
+            slots.close()
 
     def health(self) -> str:
         """``ok`` once connected with its consumers bound; otherwise starting, disconnected or draining."""
@@ -117,8 +120,23 @@ class Worker:
             if http is not None:
                 await http.stop()
 
+    async def _connect(self) -> Client | None:
+        """The broker connection, or None if the worker was stopped first (SIGTERM while a broker that
+        was never reached is still being tried ends the worker at once)."""
+        connecting = asyncio.ensure_future(connect(self.nats_url, name=f"gymbus-worker-{self.name}"))
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({connecting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+            return None
+        return connecting.result()
+
     async def _run(self) -> None:
-        nc = self._nc = await connect(self.nats_url, name=f"gymbus-worker-{self.name}")
+        nc = self._nc = await self._connect()
+        if nc is None:
+            return
         client: ModelClient | None = None
         sweeper: asyncio.Task[None] | None = None
         try:
@@ -131,7 +149,8 @@ class Worker:
             for role in self.roles or roles_of(self.function):
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)
                 puller = await Puller(nc, topology.WORK_STREAM, durable).start()
-                loops.append(asyncio.create_task(self._loop(rt, puller, role, Slots(self.concurrency))))
+                self._slots.append(Slots(self.concurrency))
+                loops.append(asyncio.create_task(self._loop(rt, puller, role, self._slots[-1])))
             if self.janitor:
                 jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
@@ -156,9 +175,11 @@ class Worker:
         decode, handle = _ROUTES[role]
         while not self._stopping.is_set():
             n = await slots.take(self.batch)
+            if n == 0:
+                return
             msgs = await puller.take(n, self.fetch_timeout_s)
             if len(msgs) < n:
-                await slots.give(n - len(msgs))
+                slots.give(n - len(msgs))
             for m in msgs:
                 task = asyncio.create_task(self._process(rt, m, role, decode, handle, slots))
                 self._tasks.add(task)
@@ -212,7 +233,7 @@ class Worker:
             self.stats["in_flight"] -= 1
             self.metrics.observe(self.name, role, time.time() - d.received_at, d.queued_s)
             hop.end()
-            await slots.give()
+            slots.give()
 
     async def _retried(self, rt: Runtime, msg: Msg, kind: FailureKind) -> bool:
         """The rollout's retry policy for ``kind``: the Start's options, else its session's."""

@@ -52,7 +52,7 @@ def section_providers() -> list[SectionProvider]:
 
 def trace_section(run_dir: Path) -> Section | None:
     """The per-hop latency breakdown of the run's ``traces.jsonl`` (what `gymbus traces` prints), if any."""
-    from runtime.telemetry import breakdown as traces
+    from runtime.profiling import breakdown as traces
 
     path = run_dir / "traces.jsonl"
     if not path.is_file():

@@ -1,6 +1,6 @@
 """Where a run's time went, from its ``traces.jsonl``: per-hop latency, and single rollouts as waterfalls.
 
-    from runtime.telemetry import breakdown as traces
+    from runtime.profiling import breakdown as traces
     rows = traces.breakdown_of("runs/<run_id>/traces.jsonl")      # list[HopStats], for reports
 
 A hop is a kind of span (see `hop_of`): the rollout itself, the waits in the stream, each
