@@ -262,6 +262,8 @@ class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Calls awaiting the environment (phase ``tools``)."""
     env_state: dict[str, Any] = {}
     """The environment's own state, committed with each step."""
+    agent_state: dict[str, Any] = {}
+    """The agent's own state, committed with each step."""
     turns_taken: int = 0
     """Agent turns (model calls) taken."""
     usage: Usage = msgspec.field(default_factory=Usage)

@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.items import last_user_text
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -90,15 +91,7 @@ def turn_text(message: dict[str, Any]) -> str:
 
 def prompt_text(items: str | list[dict[str, Any]]) -> str:
     """The last user message's text: what the answer key is matched on."""
-    if isinstance(items, str):
-        return items.strip()
-    for item in reversed(items):
-        if item.get("role") == "user" and item.get("type", "message") == "message":
-            content = item.get("content")
-            if isinstance(content, list):
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            return str(content or "").strip()
-    return ""
+    return last_user_text(items)
 
 
 def load_answer_key(paths: Iterable[str | Path]) -> dict[str, str]:
