@@ -25,6 +25,11 @@ CONNECT_TIMEOUT_S = 20.0
 """How long a process that has never connected keeps trying (GYMBUS_CONNECT_TIMEOUT_S overrides it)."""
 
 
+SETTINGS = {"reconnect_time_wait": 0.5, "ping_interval": 5, "max_outstanding_pings": 3, "pending_size": 64 * 2**20}
+"""Once connected: a reconnect every half second, a ping every 5 s (3 unanswered: the link is dead), and
+64 MiB of publishes buffered while reconnecting."""
+
+
 class BrokerUnavailable(ConnectionError):
     """No broker answered at the URL within the connect timeout; the message names the URL and the fix."""
 
@@ -64,15 +69,12 @@ async def connect(url: str, *, name: str = "gymbus", connect_timeout_s: float | 
                 # two tries per round until connected (nats-py loops forever on -1 or 0, even before the
                 # first connection); once connected, reconnect forever
                 max_reconnect_attempts=1,
-                reconnect_time_wait=0.5,
-                ping_interval=5,
-                max_outstanding_pings=3,
                 connect_timeout=max(0.5, min(5.0, deadline - loop.time())),
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
                 user_credentials=creds,
-                pending_size=64 * 1024 * 1024,
+                **SETTINGS,
             )
         except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
             errors.append(exc)

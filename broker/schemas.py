@@ -21,7 +21,7 @@ Name = Annotated[str, Meta(pattern=names.PATTERN, description=f"A function name 
 Index = Annotated[int, Meta(ge=0)]
 SessionId = Annotated[
     str,
-    Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
+    Meta(pattern=rf"{names.PATTERN[:-1]}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
 ]
 
 FailureKind = Literal[

@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from broker.connect import DEFAULT_URL_ENV
 from runtime.errors import UsageError
 
 T = TypeVar("T")
@@ -21,7 +22,7 @@ err = Console(stderr=True)
 
 NatsOpt = Annotated[
     str | None,
-    typer.Option("--nats", envvar="GYMBUS_NATS_URL", help="Broker URL, e.g. nats://127.0.0.1:4222."),
+    typer.Option("--nats", envvar=DEFAULT_URL_ENV, help="Broker URL, e.g. nats://127.0.0.1:4222."),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs, and the traceback of any error.")]
 RunDirOpt = Annotated[

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from runtime.cli.common import NatsOpt, VerboseOpt, console, need_nats, run, setup_logging
+from runtime.engine import HTTP_PORT_ENV
 from runtime.errors import UsageError
 from runtime.telemetry import tracing
 
@@ -44,7 +45,7 @@ def worker(
     http_port: Annotated[
         int | None,
         typer.Option(
-            "--http-port", envvar="GYMBUS_HTTP_PORT", help="Serve /metrics and /healthz on 0.0.0.0:PORT (default: off)."
+            "--http-port", envvar=HTTP_PORT_ENV, help="Serve /metrics and /healthz on 0.0.0.0:PORT (default: off)."
         ),
     ] = None,
     verbose: VerboseOpt = False,
