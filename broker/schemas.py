@@ -14,12 +14,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-RunId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Run id: letters, digits, - and _.")]
-Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A function name: one subject token.")]
+from broker import names
+
+RunId = Annotated[str, Meta(pattern=names.PATTERN, description=f"Run id: {names.RULE}.")]
+Name = Annotated[str, Meta(pattern=names.PATTERN, description=f"A function name (one subject token): {names.RULE}.")]
 Index = Annotated[int, Meta(ge=0)]
 SessionId = Annotated[
     str,
-    Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
+    Meta(pattern=rf"{names.PATTERN[:-1]}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
 ]
 
 FailureKind = Literal[
@@ -261,6 +263,8 @@ class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Calls awaiting the environment (phase ``tools``)."""
     env_state: dict[str, Any] = {}
     """The environment's own state, committed with each step."""
+    agent_state: dict[str, Any] = {}
+    """The agent's own state, committed with each step."""
     turns_taken: int = 0
     """Agent turns (model calls) taken."""
     usage: Usage = msgspec.field(default_factory=Usage)
@@ -301,6 +305,53 @@ def parse_session_id(sid: str) -> tuple[str, int, int]:
     """Inverse of `session_id`; raises ValueError on a malformed id."""
     run_id, task, rollout = sid.rsplit(".", 2)
     return run_id, int(task), int(rollout)
+
+
+class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run id is bound to, recorded when the run starts: resuming with other values is refused
+    (rows of another dataset must never land next to a run's rewards)."""
+
+    input_digest: str
+    """SHA-256 of the task file's bytes."""
+    input: str = ""
+    """The task file the run started from (for the reader; not compared)."""
+    agent: str
+    env: str
+    agent_ref: str | None = None
+    env_ref: str | None = None
+    model: str = "policy"
+    """The served model name the rollouts call."""
+    repeats: int
+    """Rollouts per task; raised on purpose with `gymbus collect --extend`, never lowered."""
+    limit: int | None = None
+    """First tasks of the file only (None: all); raised on purpose with --extend."""
+    sampling: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    """The rollouts' options (limits, retry policy, ...), as sent in every Start."""
+    env_tools: bool = True
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    """A run's manifest, in the KV bucket ``runs`` under ``<run_id>.manifest``: written once by whoever
+    starts the run (`gymbus collect`, `gymbus submit`, or any producer), read by `gymbus status` and the
+    profiler (without it a run's total is unknown)."""
+
+    run_id: RunId
+    expected: Annotated[int, Meta(ge=0)]
+    """Rollouts the run submits in all: tasks x repeats."""
+    tasks: Annotated[int, Meta(ge=0)] | None = None
+    """Task rows in the run."""
+    repeats: Annotated[int, Meta(ge=1)] | None = None
+    """Rollouts per task: the largest k of pass@k."""
+    pass_threshold: float = 1.0
+    """A scored rollout passes (pass@k, majority@k) when its reward is at least this."""
+    created_at: float = 0.0
+    """Unix time the run started."""
+    identity: RunIdentity | None = None
+    """What the run id is bound to (written by gymbus; other producers may leave it out)."""
+
+
+manifest_decoder = msgspec.json.Decoder(Manifest)
 
 
 class DeadLetter(msgspec.Struct, kw_only=True, omit_defaults=True):

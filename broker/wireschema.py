@@ -27,6 +27,7 @@ KINDS: dict[str, Any] = {
     "verify": schemas.Verify,
     "result": schemas.Result,
     "dead-letter": schemas.DeadLetter,
+    "manifest": schemas.Manifest,
 }
 """What `schema` can describe: every wire message (a union tagged by ``kind``), or one of them."""
 

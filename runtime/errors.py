@@ -17,6 +17,9 @@ retry policy (``runtime.engine.retry``; ``Options.retry`` per run): a retried ki
 backoff until the delivery budget is spent, the others end the rollout at once. Either way the
 rollout ends as exactly one failed Result, never reward 0.
 Anything else that escapes a handler is a bug, reported with kind ``internal`` after its retries.
+
+Apart from that tree, `UsageError` (``ConfigError``, ``InputError``) is a user's mistake caught
+before a run starts: the CLI prints it as one line naming the field, the value and the fix.
 """
 
 from __future__ import annotations
@@ -105,6 +108,19 @@ class Retry(Exception):
         super().__init__(reason)
         self.delay = delay
         self.reason = reason
+
+
+class UsageError(Exception):
+    """A mistake the user can fix before anything runs (a config key, a flag, a file, a name, an
+    unreachable address). The CLI prints it as one line and exits with 2; never a traceback."""
+
+
+class ConfigError(UsageError, ValueError):
+    """The run config is missing or invalid; the message names the key (or the flag) and the value."""
+
+
+class InputError(UsageError, ValueError):
+    """The task file, a run id or a function cannot be used; the message says which and why."""
 
 
 RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "sandbox_error", "internal"})

@@ -11,15 +11,17 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
 
 import jsonschema
 import msgspec
 
 from broker.schemas import FunctionCall, Options, Session, Usage
-from runtime.errors import InvalidInput
+from runtime.errors import InvalidInput, Retry, ToolError, VerifierError
+from runtime.items import function_calls, message_text
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelOutput
@@ -31,11 +33,18 @@ __all__ = [
     "Context",
     "Environment",
     "Finish",
+    "InvalidInput",
+    "Retry",
     "Rollout",
+    "SessionView",
     "Task",
     "Tool",
+    "ToolError",
     "Verdict",
+    "VerifierError",
+    "function_calls",
     "load",
+    "tool",
 ]
 
 M = TypeVar("M")
@@ -84,17 +93,9 @@ class Rollout:
 class Verdict:
     """A reward plus what the verifier wants reported (``extracted_answer`` feeds majority@k)."""
 
-    reward: float
+    reward: float | bool
+    """The reward: a number, or a bool (True is 1.0, False 0.0)."""
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def message_text(item: dict[str, Any]) -> str:
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 ToolFn = Callable[..., Awaitable[Any]]
@@ -103,21 +104,36 @@ ToolFn = Callable[..., Awaitable[Any]]
 class Tool:
     """A tool: an ``async def`` whose name, docstring and signature are its name, description and schema.
 
-    A first parameter annotated ``Context`` receives the session context; the others are the
-    model's arguments, validated against the JSON schema before the call.
+    With ``context=True`` its first parameter receives the session's `Context` (the task and the
+    environment's state, committed with the step); the others are the model's arguments, validated
+    against the JSON schema before the call. Declare it with ``@tool(context=True)`` or list
+    ``Tool(fn, context=True)`` in the environment's tools.
     """
 
-    def __init__(self, fn: ToolFn, *, name: str | None = None, parameters: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        fn: ToolFn,
+        *,
+        name: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        context: bool = False,
+    ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {fn.__qualname__} must be an async def")
         self.fn = fn
         self.name = name or fn.__name__
         self.description = inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
-        sig = inspect.signature(fn)
         hints = get_type_hints(fn)
-        args = list(sig.parameters.values())
-        self.wants_context = bool(args) and _is_context(hints.get(args[0].name))
-        self.arg_params = args[1:] if self.wants_context else args
+        args = list(inspect.signature(fn).parameters.values())
+        if context and not args:
+            raise TypeError(f"tool {self.name!r} is declared with context=True but takes no parameter for it")
+        if not context and args and _is_context(hints.get(args[0].name)):
+            raise TypeError(
+                f"tool {self.name!r} takes a Context first: declare it with @tool(context=True) "
+                f"(or Tool({fn.__name__}, context=True))"
+            )
+        self.wants_context = context
+        self.arg_params = args[1:] if context else args
         self.parameters = parameters or _schema(self.name, self.arg_params, hints)
         self._validator = jsonschema.Draft202012Validator(self.parameters)
 
@@ -140,6 +156,15 @@ class Tool:
 
     async def __call__(self, ctx: Context[Any], args: dict[str, Any]) -> Any:
         return await (self.fn(ctx, **args) if self.wants_context else self.fn(**args))
+
+
+def tool(
+    fn: ToolFn | None = None, *, name: str | None = None, context: bool = False
+) -> Tool | Callable[[ToolFn], Tool]:
+    """Declare a tool: ``@tool`` as is, or ``@tool(context=True)`` for one that receives the `Context`."""
+    if fn is not None:
+        return Tool(fn, name=name, context=context)
+    return lambda f: Tool(f, name=name, context=context)
 
 
 def _is_context(annotation: Any) -> bool:
@@ -226,36 +251,77 @@ class Respond:
         raise NotImplementedError
 
 
-@dataclass
-class AgentContext:
-    """What an agent step sees: the conversation so far and a way to call the model."""
+@dataclass(frozen=True)
+class SessionView:
+    """What an agent may know of its rollout, read-only: identity, options, meta, usage so far."""
 
-    session: Session
-    _respond: Respond
+    session_id: str
+    run_id: str
+    task_index: int
+    rollout_index: int
+    attempt: int
+    agent: str
+    env: str
+    model: str
+    options: Options
+    meta: Mapping[str, Any]
+    """The task's verifier fields (read-only)."""
+    usage: Usage
+
+
+class AgentContext:
+    """What an agent step sees: the conversation so far, its own state, and a way to call the model.
+
+    The session itself stays the runtime's: ``session`` is a read-only view of it, and what a step
+    may change is the conversation (``items``: append to it) and ``state``, both committed with the
+    step. Everything else it says by returning `CallTools` or `Finish`."""
+
+    def __init__(self, session: Session, respond: Respond) -> None:
+        self._session = session
+        self._respond = respond
+        self.session = SessionView(
+            session_id=session.session_id,
+            run_id=session.run_id,
+            task_index=session.task_index,
+            rollout_index=session.rollout_index,
+            attempt=session.attempt,
+            agent=session.agent,
+            env=session.env,
+            model=session.model,
+            options=session.options,
+            meta=MappingProxyType(session.meta),
+            usage=session.usage,
+        )
 
     @property
     def items(self) -> list[dict[str, Any]]:
         """The conversation so far (input items, then everything produced); append to extend it."""
-        return self.session.items
+        return self._session.items
 
     @property
-    def params(self) -> dict[str, Any]:
-        """The task's Responses create body without ``input`` (tools, sampling parameters)."""
-        return self.session.params
+    def params(self) -> Mapping[str, Any]:
+        """The task's Responses create body without ``input`` (tools, sampling parameters), read-only:
+        change a call with ``respond(**overrides)``."""
+        return MappingProxyType(self._session.params)
 
     @property
     def options(self) -> Options:
-        return self.session.options
+        return self._session.options
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The agent's own state, committed with each step (empty at the first step)."""
+        return self._session.agent_state
 
     @property
     def turns_taken(self) -> int:
         """Model calls made so far in this rollout, this one included once ``respond`` returns."""
-        return self.session.turns_taken
+        return self._session.turns_taken
 
     async def respond(self, **overrides: Any) -> list[dict[str, Any]]:
         """Call the model with the conversation and the task's tools; append and return its output items."""
-        out = await self._respond(self.session.items, {**self.session.params, **overrides}, self.session)
-        s = self.session
+        s = self._session
+        out = await self._respond(s.items, {**s.params, **overrides}, s)
         s.items.extend(out.items)
         s.turns_taken += 1
         s.usage = Usage(
@@ -266,19 +332,6 @@ class AgentContext:
         if out.turn is not None:
             s.turns.append(out.turn)
         return out.items
-
-
-def function_calls(items: list[dict[str, Any]]) -> list[FunctionCall]:
-    """The ``function_call`` items among ``items``, as wire FunctionCalls."""
-    return [
-        FunctionCall(
-            call_id=str(i.get("call_id") or i.get("id") or ""),
-            name=str(i.get("name", "")),
-            arguments=str(i.get("arguments", "")),
-        )
-        for i in items
-        if i.get("type") == "function_call"
-    ]
 
 
 StepFn = Callable[[AgentContext], Awaitable[Action]]

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from broker.schemas import Session, Usage
-from runtime.engine.handlers import Delivery
+from runtime.engine.transitions import Delivery
 from runtime.model.client import ModelOutput
 from runtime.telemetry import genai, spans, tracing
 

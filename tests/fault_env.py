@@ -24,7 +24,7 @@ from functions.math.env import calculator as math_calculator
 from functions.math.env import verify as math_verify
 from runtime.errors import Cancelled, GymError
 from runtime.sandbox import Sandbox, SandboxConfig
-from runtime.sdk import Context, Environment, Rollout, Task, Verdict
+from runtime.sdk import Context, Environment, Rollout, Task, Verdict, tool
 
 
 class Meta(msgspec.Struct, frozen=True):
@@ -32,6 +32,7 @@ class Meta(msgspec.Struct, frozen=True):
     fault: str = "none"
 
 
+@tool(context=True)
 async def calculator(ctx: Context[Meta], expression: str) -> str:
     """Evaluate an arithmetic expression such as (3 + 4) * 12 / 7 and return the result."""
     match ctx.task.meta.fault:

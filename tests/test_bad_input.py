@@ -93,7 +93,7 @@ async def test_retry_policy_is_per_run(harness: Harness, retry: list | None) -> 
 
 
 def test_retry_policy_is_checked_in_the_config(tmp_path: Path) -> None:
-    from runtime.runs.config import ConfigError
+    from runtime.errors import ConfigError
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps({"input": "x", "agent": "a", "env": "e", "limits": {"retry": ["tool_error", "oops"]}}))

@@ -157,7 +157,7 @@ def test_interrupted_collect_resumes_without_duplicates(tmp_path: Path) -> None:
     [
         ({"repeats": 0}, "Expected `int` >= 1 - at `$.repeats`"),
         ({"limits": {"max_step": 3}}, "unknown field `max_step` - at `$.limits`"),
-        ({"input": "nope.jsonl"}, "input file 'nope.jsonl' does not exist"),
+        ({"input": "nope.jsonl"}, "nope.jsonl' does not exist"),
     ],
 )
 def test_collect_rejects_bad_config_naming_the_key(tmp_path: Path, bad: dict, message: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from importlib.resources import files
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -225,7 +226,8 @@ def test_functions_named_are_real_and_served() -> None:
     cfg = load_config(ROOT / default_config_path())
     assert {cfg.agent, cfg.env} <= set(served)
     policy = parse_gymbus(GYMBUS["policy"].argv[1:], GYMBUS["policy"].env).params
-    assert [str(t) for t in policy["tasks"]] == [cfg.input]  # the simulated policy knows the default tasks
+    # the simulated policy knows the default tasks
+    assert [str((ROOT / t).resolve()) for t in policy["tasks"]] == [str(Path(cfg.input).resolve())]
     assert policy["model"] == cfg.model.name
 
 

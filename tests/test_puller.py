@@ -1,4 +1,4 @@
-"""The worker's pull requests (runtime/engine/worker.py `_Puller`) against a real nats-server.
+"""The worker's pull requests (runtime/engine/pull.py `Puller`) against a real nats-server.
 
 nats-py's ``PullSubscription.fetch(n)`` holds messages it already received until its timeout when a
 second client waits on the same consumer (the server answers its probe with 408 Requests Pending,
@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from broker.connect import connect
-from runtime.engine.worker import _Puller
+from runtime.engine.pull import Puller
 from runtime.testing import Harness
 
 FETCH_TIMEOUT_S = 5.0
@@ -30,7 +30,7 @@ async def _consumer(h: Harness, stream: str, subject: str) -> None:
 
 async def test_fetch_takes_what_is_there_and_waits_only_for_the_first(harness: Harness) -> None:
     await _consumer(harness, "PULL1", "p1.x")
-    puller = await _Puller(harness.nc, "PULL1", "d").start()  # type: ignore[arg-type]
+    puller = await Puller(harness.nc, "PULL1", "d").start()  # type: ignore[arg-type]
     for i in range(3):
         await harness.js.publish("p1.x", str(i).encode())
     got = await puller.fetch(32, timeout=FETCH_TIMEOUT_S)
@@ -69,7 +69,7 @@ async def test_two_pullers_in_a_closed_loop_never_sit_on_messages(harness: Harne
 
     async def replica() -> None:
         nc = await connect(harness.broker.url, name="test-puller")
-        puller = await _Puller(nc, "PULL2", "d").start()
+        puller = await Puller(nc, "PULL2", "d").start()
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():

@@ -181,7 +181,7 @@ async def test_max_steps_bounds_the_tool_loop(harness: Harness, math_rows: list[
 async def test_model_mistakes_in_tool_calls_go_back_to_the_model(harness: Harness) -> None:
     """Unknown tool, invalid JSON, schema violation: each becomes an error output, not a crash."""
     from broker.schemas import FunctionCall, Session
-    from runtime.engine.handlers import run_tools
+    from runtime.engine.environments import run_tools
     from runtime.sdk import load
 
     env = load("math")

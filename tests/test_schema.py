@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from broker.schemas import Result, Start, agent_decoder, encoder, wire_decoder
 from conftest import MATH_TASKS, ROOT
 from runtime.cli import app
-from runtime.runs.collect import build_start, read_tasks
 from runtime.runs.config import RunConfig
+from runtime.runs.tasks import build_start, read_tasks
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from pytest import approx
 
 from conftest import ROOT
-from runtime.telemetry import breakdown as traces
+from runtime.profiling import breakdown as traces
 from runtime.telemetry import semconv, spanfile
 from runtime.telemetry.spanfile import SpanRecord
 

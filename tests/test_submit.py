@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from broker import topology
 from conftest import MATH_TASKS
 from runtime.cli import app
-from runtime.runs.collect import InputError
+from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 from runtime.runs.submit import submit
 from runtime.testing import Harness
@@ -35,7 +35,9 @@ async def test_submit_publishes_once_and_workers_finish_the_run(harness: Harness
 
     again = await submit(cfg, "sub1")  # finished rollouts are not published again
     assert (again.finished, again.submitted) == (8, 0)
-    bigger = await submit(config(harness.broker.url, limit=5), "sub1")  # only the new task's rollouts
+    with pytest.raises(InputError, match=r"limit 4 now 5.*--extend"):  # a run id is bound to what it ran
+        await submit(config(harness.broker.url, limit=5), "sub1")
+    bigger = await submit(config(harness.broker.url, limit=5), "sub1", extend=True)  # only the new task's rollouts
     assert (bigger.finished, bigger.submitted) == (8, 2)
     assert len(await harness.results("sub1", 10)) == 10
 

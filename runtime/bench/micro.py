@@ -28,7 +28,8 @@ from broker.server import EmbeddedServer
 from broker.sessions import SessionStore
 from runtime.bench.report import pct
 from runtime.bench.workload import TASKS, Starts, task_rows
-from runtime.engine.handlers import Delivery, new_session
+from runtime.engine.records import new_session
+from runtime.engine.transitions import Delivery
 
 Op = Callable[[int, int], Awaitable[Any]]
 """One operation: (caller, iteration) -> awaitable."""

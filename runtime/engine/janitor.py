@@ -40,9 +40,11 @@ from broker import advisories, topology
 from broker.schemas import FailureKind, Msg, wire_decoder
 from broker.sessions import SessionStore
 from broker.topology import Limits
-from runtime.engine import handlers
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
-from runtime.engine.handlers import Delivery, Runtime
+from runtime.engine.failures import fail, fail_by_ids
+from runtime.engine.pull import Puller
+from runtime.engine.records import build_result, end
+from runtime.engine.transitions import Delivery, Runtime, next_message
 
 log = logging.getLogger("gymbus.janitor")
 
@@ -79,8 +81,8 @@ class Janitor:
         """Serve until ``stop`` is set."""
         rt = Runtime(self.js, SessionStore(self.js))
         await advisories.ensure_consumer(self.js)
-        psub = await self.js.pull_subscribe_bind(consumer=advisories.JANITOR, stream=topology.ADVISORY_STREAM)
-        loops = [asyncio.create_task(self._advisories(rt, psub, stop)), asyncio.create_task(self._sweeps(rt, stop))]
+        puller = await Puller.bind(self.js, topology.ADVISORY_STREAM, advisories.JANITOR)
+        loops = [asyncio.create_task(self._advisories(rt, puller, stop)), asyncio.create_task(self._sweeps(rt, stop))]
         try:
             await stop.wait()
         finally:
@@ -88,17 +90,9 @@ class Janitor:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
 
-    async def _advisories(self, rt: Runtime, psub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
+    async def _advisories(self, rt: Runtime, puller: Puller, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            try:
-                msgs = await psub.fetch(16, timeout=1.0)
-            except TimeoutError:
-                continue
-            except Exception as exc:  # broker away: the client reconnects
-                log.debug("advisory fetch failed: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
+            for m in await puller.take(16, 1.0):
                 try:
                     await self.move_lost(rt, advisories.decoder.decode(m.data))
                 except msgspec.DecodeError as exc:
@@ -162,9 +156,9 @@ class Janitor:
         published = raw.time.timestamp() if raw.time else time.time()
         d = Delivery(published_at=published, num_delivered=deliveries)
         if msg is not None:
-            await handlers.fail(rt, msg, kind, reason, d)
+            await fail(rt, msg, kind, reason, d)
         elif (ids := lenient_ids(data)) is not None:
-            await handlers.fail_by_ids(rt, ids[1:], kind, reason, d)
+            await fail_by_ids(rt, ids[1:], kind, reason, d)
         try:
             await self.js.delete_msg(topology.WORK_STREAM, raw.seq or 0)
         except NotFoundError:
@@ -183,13 +177,12 @@ class Janitor:
             s, rev = loaded
             if s.phase == "done" or now < s.timings.submitted_at + s.options.rollout_timeout_s + self.grace_s:
                 continue
-            waiting_on, _ = handlers.next_message(s)
+            waiting_on, _ = next_message(s)
             reason = (
                 f"rollout exceeded rollout_timeout_s={s.options.rollout_timeout_s:g} waiting on {waiting_on} "
                 f"(phase {s.phase}, step {s.step}); ended by the janitor"
             )
-            s.result = handlers.build_result(s, failure=("timeout", reason))
-            s.phase = "done"
+            end(s, build_result(s, failure=("timeout", reason)))
             if await rt.commit(s, rev, Delivery(published_at=now), time.perf_counter()):
                 reaped += 1
         self.stats["reaped"] += reaped

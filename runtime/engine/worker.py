@@ -9,7 +9,6 @@ permanent ones. It holds no state between messages (DESIGN invariant 4); SIGTERM
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
@@ -23,9 +22,6 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
-from nats.js import JetStreamContext
-from nats.js.api import DEFAULT_PREFIX
-from nats.js.errors import APIError
 
 from broker import topology
 from broker.connect import connect
@@ -40,12 +36,15 @@ from broker.schemas import (
 )
 from broker.sessions import SessionStore
 from broker.topology import Limits, Role
-from runtime.engine import handlers
 from runtime.engine import retry as policy
+from runtime.engine.agents import handle_agent
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
-from runtime.engine.handlers import Delivery, Runtime
+from runtime.engine.environments import handle_tool, handle_verify
+from runtime.engine.failures import fail, fail_by_ids
 from runtime.engine.janitor import Janitor
 from runtime.engine.metrics import HttpServer, WorkerMetrics
+from runtime.engine.pull import Puller, Slots
+from runtime.engine.transitions import Delivery, Handler, Runtime
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.model.client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
@@ -53,115 +52,15 @@ from runtime.telemetry import genai, spans
 
 log = logging.getLogger("gymbus.worker")
 
-_ROUTES: dict[Role, tuple[Callable[[bytes], Any], handlers.Handler]] = {
-    "agent": (agent_decoder.decode, handlers.handle_agent),
-    "tool": (tool_decoder.decode, handlers.handle_tool),
-    "verify": (verify_decoder.decode, handlers.handle_verify),
+_ROUTES: dict[Role, tuple[Callable[[bytes], Any], Handler]] = {
+    "agent": (agent_decoder.decode, handle_agent),
+    "tool": (tool_decoder.decode, handle_tool),
+    "verify": (verify_decoder.decode, handle_verify),
 }
 
 
 def roles_of(fn: Function) -> list[Role]:
     return ["agent"] if isinstance(fn, Agent) else ["tool", "verify"]
-
-
-class _Slots:
-    """Free handler slots of one consumer. Each subject a worker serves has its own, so a long poll
-    on an idle subject never holds up work waiting on another."""
-
-    def __init__(self, n: int) -> None:
-        self.free = n
-        self._cond = asyncio.Condition()
-
-    async def take(self, most: int) -> int:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.free > 0)
-            k = min(most, self.free)
-            self.free -= k
-            return k
-
-    async def give(self, k: int = 1) -> None:
-        async with self._cond:
-            self.free += k
-            self._cond.notify_all()
-
-
-class _Puller:
-    """Pull requests on one durable consumer, each answered as soon as any message is available.
-
-    Not ``PullSubscription.fetch(n)``: when another client (a second replica) has a pull request
-    waiting on the same consumer while a message is pending, the server answers its ``no_wait``
-    probe with 408 Requests Pending; nats-py then sends a plain (lingering) request for n messages
-    and, once the first arrives, waits for the rest until the request expires. Nothing more comes
-    in a closed loop whose in-flight messages that fetch is itself holding, so it sat on them for
-    the whole fetch timeout (1 s): with two replicas, throughput fell fivefold and p99 rose to ~1 s.
-
-    Here every request is a one-shot (``no_wait`` with ``expires``: wait for the first message,
-    then take what is there and end), falling back to a lingering request for a single message on
-    Requests Pending. Each request has its own reply subject, so a late status of an earlier one
-    is never taken for the end of the current one.
-    """
-
-    def __init__(self, nc: Client, stream: str, durable: str, prefix: str = DEFAULT_PREFIX) -> None:
-        self._nc = nc
-        self._next = f"{prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        self._inbox = nc.new_inbox()
-        self._seq = 0
-        self._queue: asyncio.Queue[NatsMsg] = asyncio.Queue()
-
-    async def start(self) -> _Puller:
-        async def put(m: NatsMsg) -> None:
-            self._queue.put_nowait(m)
-
-        await self._nc.subscribe(f"{self._inbox}.*", cb=put)
-        return self
-
-    async def fetch(self, n: int, timeout: float) -> list[NatsMsg]:
-        """Up to ``n`` messages; waits at most ``timeout`` for the first, not at all for the rest."""
-        msgs = self._ready(n)  # delivered to an earlier request after we stopped waiting for it
-        if msgs:
-            return msgs
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        status = await self._request(n, timeout, True, deadline + 0.25, msgs)
-        if not msgs and status == "408" and loop.time() < deadline - 0.01:  # Requests Pending
-            await self._request(1, deadline - loop.time(), False, deadline + 0.25, msgs)
-        return msgs
-
-    def _ready(self, n: int) -> list[NatsMsg]:
-        msgs: list[NatsMsg] = []
-        while len(msgs) < n and not self._queue.empty():
-            m = self._queue.get_nowait()
-            if not JetStreamContext.is_status_msg(m):
-                msgs.append(m)
-        return msgs
-
-    async def _request(self, n: int, expires: float, one_shot: bool, until: float, msgs: list[NatsMsg]) -> str | None:
-        """One pull request for ``n`` messages, collected into ``msgs``; returns the status that ended it."""
-        self._seq += 1
-        reply = f"{self._inbox}.{self._seq}"
-        req: dict[str, Any] = {"batch": n, "expires": max(1_000_000, int(expires * 1e9))}
-        if one_shot:
-            req["no_wait"] = True
-        await self._nc.publish(self._next, json.dumps(req).encode(), reply=reply)
-        loop = asyncio.get_running_loop()
-        want = len(msgs) + n
-        while len(msgs) < want:
-            try:
-                m = await asyncio.wait_for(self._queue.get(), max(0.0, until - loop.time()))
-            except TimeoutError:
-                return None
-            status = JetStreamContext.is_status_msg(m)
-            if not status:
-                msgs.append(m)
-            elif m.subject != reply or status == "100":  # an earlier request's end, or a heartbeat
-                continue
-            elif status in ("404", "408"):  # no (more) messages, request expired, or Requests Pending
-                return status
-            elif msgs:
-                return status
-            else:
-                raise APIError.from_msg(m)  # 409: consumer deleted, leadership change, max waiting...
-        return None
 
 
 @dataclass
@@ -193,6 +92,7 @@ class Worker:
     _beating: dict[int, tuple[NatsMsg, float]] = field(default_factory=dict)
     """Messages being handled (by id) and the monotonic time of their last sign of life (see `_sweep`)."""
     _nc: Client | None = None
+    _slots: list[Slots] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -200,6 +100,8 @@ class Worker:
 
     def stop(self) -> None:
         self._stopping.set()
+        for slots in self._slots:
+            slots.close()
 
     def health(self) -> str:
         """``ok`` once connected with its consumers bound; otherwise starting, disconnected or draining."""
@@ -218,8 +120,23 @@ class Worker:
             if http is not None:
                 await http.stop()
 
+    async def _connect(self) -> Client | None:
+        """The broker connection, or None if the worker was stopped first (SIGTERM while a broker that
+        was never reached is still being tried ends the worker at once)."""
+        connecting = asyncio.ensure_future(connect(self.nats_url, name=f"gymbus-worker-{self.name}"))
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({connecting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+            return None
+        return connecting.result()
+
     async def _run(self) -> None:
-        nc = self._nc = await connect(self.nats_url, name=f"gymbus-worker-{self.name}")
+        nc = self._nc = await self._connect()
+        if nc is None:
+            return
         client: ModelClient | None = None
         sweeper: asyncio.Task[None] | None = None
         try:
@@ -231,8 +148,9 @@ class Worker:
             loops = []
             for role in self.roles or roles_of(self.function):
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)
-                puller = await _Puller(nc, topology.WORK_STREAM, durable).start()
-                loops.append(asyncio.create_task(self._loop(rt, puller, role, _Slots(self.concurrency))))
+                puller = await Puller(nc, topology.WORK_STREAM, durable).start()
+                self._slots.append(Slots(self.concurrency))
+                loops.append(asyncio.create_task(self._loop(rt, puller, role, self._slots[-1])))
             if self.janitor:
                 jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
@@ -253,20 +171,15 @@ class Worker:
                 await client.close()
             await _close(nc)
 
-    async def _loop(self, rt: Runtime, puller: _Puller, role: Role, slots: _Slots) -> None:
+    async def _loop(self, rt: Runtime, puller: Puller, role: Role, slots: Slots) -> None:
         decode, handle = _ROUTES[role]
         while not self._stopping.is_set():
             n = await slots.take(self.batch)
-            try:
-                msgs = await puller.fetch(n, timeout=self.fetch_timeout_s)
-            except TimeoutError:
-                msgs = []
-            except Exception as exc:  # broker gone for a moment: reconnect logic lives in the client
-                log.warning("fetch on %s failed: %s", topology.subject(role, self.name), exc)
-                msgs = []
-                await asyncio.sleep(0.5)
+            if n == 0:
+                return
+            msgs = await puller.take(n, self.fetch_timeout_s)
             if len(msgs) < n:
-                await slots.give(n - len(msgs))
+                slots.give(n - len(msgs))
             for m in msgs:
                 task = asyncio.create_task(self._process(rt, m, role, decode, handle, slots))
                 self._tasks.add(task)
@@ -278,8 +191,8 @@ class Worker:
         m: NatsMsg,
         role: Role,
         decode: Callable[[bytes], Any],
-        handle: handlers.Handler,
-        slots: _Slots,
+        handle: Handler,
+        slots: Slots,
     ) -> None:
         md = m.metadata
         d = Delivery(
@@ -320,7 +233,7 @@ class Worker:
             self.stats["in_flight"] -= 1
             self.metrics.observe(self.name, role, time.time() - d.received_at, d.queued_s)
             hop.end()
-            await slots.give()
+            slots.give()
 
     async def _retried(self, rt: Runtime, msg: Msg, kind: FailureKind) -> bool:
         """The rollout's retry policy for ``kind``: the Start's options, else its session's."""
@@ -369,7 +282,7 @@ class Worker:
         if retry:
             reason = f"{reason} (gave up after {d.num_delivered} deliveries)"
             await self._dead_letter(rt, m, role, kind, reason, d, sid_of(msg))
-        await handlers.fail(rt, msg, kind, reason, d)
+        await fail(rt, msg, kind, reason, d)
         self.stats[f"failed:{kind}"] += 1
         spans.settled("fail", kind, reason)
         await m.term()
@@ -380,7 +293,7 @@ class Worker:
         ids = lenient_ids(m.data)
         await self._dead_letter(rt, m, role, "invalid_input", reason, d, ids[0] if ids else None)
         if ids:
-            await handlers.fail_by_ids(rt, ids[1:], "invalid_input", reason, d)
+            await fail_by_ids(rt, ids[1:], "invalid_input", reason, d)
         else:
             log.error("%s: dropped a message naming no rollout (dead-lettered): %s", self.name, reason)
         self.stats["failed:invalid_input"] += 1

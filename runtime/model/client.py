@@ -16,6 +16,7 @@ a message for a model error.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -72,7 +73,7 @@ class _Retryable(Exception):
 
 
 class _Unsupported(Exception):
-    """The replica does not serve this route (404/405): fall back to Chat Completions."""
+    """The replica does not serve /responses (404/405): fall back to Chat Completions."""
 
 
 _RETRIED = (_Retryable, aiohttp.ClientError, TimeoutError)
@@ -213,15 +214,51 @@ class ModelClient:
                 try:
                     return _decode(raw)  # type: ignore[no-any-return]
                 except msgspec.DecodeError:
-                    raise _Retryable(f"HTTP 200 with a body that is not JSON: {_text(raw)[:200]!r}") from None
-            if resp.status in (404, 405):
+                    if _is_html(resp.content_type, raw):
+                        raise _misconfigured(url, route, "200 with an HTML page") from None
+                    raise _Retryable(f"HTTP 200 with a body that is not JSON: {_brief(raw)}") from None
+            if resp.status in (404, 405) and route == "/responses":
                 raise _Unsupported(url)
-            text = _text(raw)
-            if resp.status == 429 or resp.status >= 500:
-                raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
-            if any(m in text.lower() for m in _CONTEXT_MARKERS):
-                raise ContextLength(f"HTTP {resp.status} from {url}{route}: {text[:300]}")
-            raise ModelError(f"HTTP {resp.status} from {url}{route}: {text[:300]}")
+            return _refused(url, route, resp.status, resp.content_type, raw)
+
+
+def _refused(url: str, route: str, status: int, content_type: str, raw: bytes) -> dict[str, Any]:
+    """Raise what a non-200 answer means: retry (429, 5xx from a model server), a misconfigured endpoint
+    (no such route, not implemented, an HTML page: never retried), a prompt too long, or a model error."""
+    if status in (404, 405, 501) or (status >= 400 and _is_html(content_type, raw)):
+        raise _misconfigured(url, route, f"{status}" + (" with an HTML page" if _is_html(content_type, raw) else ""))
+    if status in (401, 403):
+        raise ModelError(f"{url}{route} answered HTTP {status}: check OPENAI_API_KEY (sent as the bearer token)")
+    text = _brief(raw)
+    if status == 429 or status >= 500:
+        raise _Retryable(f"HTTP {status}: {text}")
+    if any(m in text.lower() for m in _CONTEXT_MARKERS):
+        raise ContextLength(f"HTTP {status} from {url}{route}: {text}")
+    raise ModelError(f"HTTP {status} from {url}{route}: {text}")
+
+
+def _misconfigured(url: str, route: str, answer: str) -> ModelError:
+    return ModelError(
+        f"{url}{route} answered HTTP {answer}: not an OpenAI-compatible model server (expected POST {route} "
+        "to answer JSON; check the model's base URL, which usually ends in /v1)"
+    )
+
+
+def _is_html(content_type: str, raw: bytes) -> bool:
+    return "html" in content_type or raw.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html"))
+
+
+def _brief(raw: bytes, limit: int = 300) -> str:
+    """An error body for a one-line reason: the JSON error message when there is one, else the text,
+    whitespace folded and cut at ``limit`` characters."""
+    text = _text(raw)
+    try:
+        err = json.loads(text).get("error")
+        text = str(err.get("message") if isinstance(err, dict) else err or text)
+    except (ValueError, AttributeError):
+        pass
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _text(raw: bytes) -> str:

@@ -63,6 +63,10 @@ class ModelEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Calls in flight per replica, per worker process; more wait for a slot."""
     sampling: dict[str, Any] = {}
     """Deployment defaults for sampling parameters the task does not set (e.g. vLLM's neutral ``top_k``)."""
+    written_by: str = ""
+    """Who registered this deployment (``gymbus collect``, ``gymbus model serve``, ...), for `gymbus status`."""
+    written_at: float = 0.0
+    """Unix time it was registered."""
 
 
 _ENV_FIELDS = ("api", "reasoning", "timeout_s", "attempts", "max_in_flight")
@@ -89,7 +93,9 @@ def model_key(model: str) -> str:
 
 
 async def register(js: JetStreamContext, model: str, endpoints: list[str], api: str = "auto", **settings: Any) -> None:
-    """Publish a model's deployment to the ``models`` bucket (replacing what was there)."""
+    """Publish a model's deployment to the ``models`` bucket, replacing what was there: every setting not
+    given takes its default, so a caller registers the whole deployment (``runs.models.register_model``)."""
+    settings.setdefault("written_at", time.time())
     entry = msgspec.convert({"endpoints": endpoints, "api": api, **settings}, ModelEntry)
     kv = await js.key_value(topology.MODELS)
     await kv.put(model_key(model), msgspec.json.encode(entry))

@@ -31,8 +31,8 @@ from msgspec import Meta
 
 from broker import topology
 from broker.connect import connect
+from runtime.errors import ConfigError
 from runtime.model.endpoints import Api, Reasoning, deregister, register
-from runtime.runs.config import ConfigError
 
 log = logging.getLogger("gymbus.launcher")
 

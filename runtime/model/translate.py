@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runtime.items import reasoning_text, text_of
+
 ReasoningMode = Literal["server", "think_tags"]
 
 TRAINING_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -77,15 +79,6 @@ class ReasoningConflict(ValueError):
 # ---- pieces ------------------------------------------------------------------------------------
 
 
-def text_of(content: Any) -> str:
-    """The text of a Responses or Chat ``content`` (a string, or a list of text parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
-
-
 def tool_to_chat(tool: dict[str, Any]) -> dict[str, Any]:
     """Flat Responses function tool -> nested Chat tool; anything else passes through."""
     if tool.get("type") != "function" or "function" in tool:
@@ -94,23 +87,10 @@ def tool_to_chat(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def tool_to_responses(tool: dict[str, Any]) -> dict[str, Any]:
-    """Nested Chat tool -> flat Responses function tool."""
-    if tool.get("type") != "function" or "function" not in tool:
-        return tool
-    return {"type": "function", **tool["function"]}
-
-
 def tool_choice_to_chat(choice: Any) -> Any:
     """``{"type":"function","name":N}`` -> ``{"type":"function","function":{"name":N}}``; strings pass."""
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         return {"type": "function", "function": {"name": choice["name"]}}
-    return choice
-
-
-def tool_choice_to_responses(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" in choice:
-        return {"type": "function", "name": choice["function"].get("name")}
     return choice
 
 
@@ -122,20 +102,9 @@ def format_to_chat(fmt: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def format_to_responses(fmt: dict[str, Any]) -> dict[str, Any]:
-    if fmt.get("type") != "json_schema":
-        return {"type": fmt.get("type", "text")}
-    return {"type": "json_schema", **fmt.get("json_schema", {})}
-
-
 def reasoning_item(text: str) -> dict[str, Any]:
     """A Responses reasoning item (NeMo Gym's shape: the text in ``summary[].summary_text``)."""
     return {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
-
-
-def reasoning_text(item: dict[str, Any]) -> str:
-    """The text of a reasoning item, whether the server put it in ``content`` or ``summary``."""
-    return text_of(item.get("content") or item.get("summary") or [])
 
 
 def message_item(text: str) -> dict[str, Any]:

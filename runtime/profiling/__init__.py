@@ -6,4 +6,5 @@
     report.py       report.html (with charts.py) and the profile files of a run folder
     tables.py       the terminal tables
     status.py       `gymbus status` and `gymbus profile`
+    breakdown.py    `gymbus traces`: per-hop latency and waterfalls from traces.jsonl
 """

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from broker.schemas import Result, Timings, Usage
+from runtime.errors import UsageError
 from runtime.profiling.estimators import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
 from runtime.rows import result_from_row
 
@@ -29,7 +30,7 @@ HOPS = ("queue", "model", "tool", "verify", "overhead", "total")
 """Latency rows: time waiting in queues, in model calls, in tools, in the verifier, in gymbus itself, end to end."""
 
 
-class ProfileError(ValueError):
+class ProfileError(UsageError, ValueError):
     """A run folder cannot be profiled; the message names the file, line and field."""
 
 

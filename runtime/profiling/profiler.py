@@ -39,6 +39,7 @@ from broker import inspect, topology
 from broker.connect import connect
 from broker.schemas import result_decoder
 from broker.topology import Limits
+from runtime.engine.pull import Puller
 from runtime.profiling import profile
 from runtime.profiling.profile import Profile, RunInfo, Sample, TaskProfile
 
@@ -113,19 +114,19 @@ class Profiler:
             js = nc.jetstream()
             await topology.ensure(js, self.limits)
             await topology.ensure_profiler(js, self.limits)
-            psub = await js.pull_subscribe_bind(durable=topology.PROFILER, stream=topology.RESULTS_STREAM)
+            puller = await Puller.bind(js, topology.RESULTS_STREAM, topology.PROFILER)
             kv = await js.key_value(topology.RUNS)
             self.ready.set()
             log.info("profiler consuming gym.result.> (durable consumer %r)", topology.PROFILER)
-            await self._loop(js, kv, psub)
+            await self._loop(js, kv, puller)
         finally:
             await nc.close()
 
-    async def _loop(self, js: JetStreamContext, kv: KeyValue, psub: JetStreamContext.PullSubscription) -> None:
+    async def _loop(self, js: JetStreamContext, kv: KeyValue, puller: Puller) -> None:
         pending: list[NatsMsg] = []
         while True:
             stopping = self._stopping.is_set()
-            msgs = await _fetch(psub, self.batch, 0.2 if stopping else 1.0)
+            msgs = await puller.take(self.batch, 0.2 if stopping else 1.0)
             for m in msgs:
                 await self._apply(js, m)
             pending += msgs
@@ -224,17 +225,6 @@ class Profiler:
         for run_id, st in list(self.runs.items()):
             if st.touched < cutoff and st.flushed_seq >= st.folded_seq:
                 del self.runs[run_id]
-
-
-async def _fetch(psub: JetStreamContext.PullSubscription, batch: int, timeout: float) -> list[NatsMsg]:
-    try:
-        return await psub.fetch(batch, timeout=timeout)
-    except TimeoutError:
-        return []
-    except Exception as exc:  # broker gone for a moment: the client reconnects
-        log.warning("fetch on the results stream failed: %s", exc)
-        await asyncio.sleep(0.5)
-        return []
 
 
 async def _ack_covered(pending: list[NatsMsg], runs: dict[str, RunState]) -> list[NatsMsg]:

@@ -22,6 +22,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from runtime.items import reasoning_text
 from runtime.profiling import charts, profile
 from runtime.profiling.profile import HOPS, Profile, Sample, TaskProfile
 from runtime.profiling.tables import seconds
@@ -52,7 +53,7 @@ def section_providers() -> list[SectionProvider]:
 
 def trace_section(run_dir: Path) -> Section | None:
     """The per-hop latency breakdown of the run's ``traces.jsonl`` (what `gymbus traces` prints), if any."""
-    from runtime.telemetry import breakdown as traces
+    from runtime.profiling import breakdown as traces
 
     path = run_dir / "traces.jsonl"
     if not path.is_file():
@@ -279,14 +280,13 @@ def _item(item: Any) -> dict[str, Any]:
     if kind == "function_call_output":
         return {"kind": "output", "call_id": item.get("call_id"), "text": _clip(_content_text(item.get("output")))}
     if kind == "reasoning":
-        parts = [
-            p.get("text", "") for p in (item.get("summary") or []) + (item.get("content") or []) if isinstance(p, dict)
-        ]
-        return {"kind": "reasoning", "text": _clip("\n".join(parts))}
+        return {"kind": "reasoning", "text": _clip(reasoning_text(item))}
     return {"kind": "other", "text": _clip(json.dumps(item, indent=1))}
 
 
 def _content_text(content: Any) -> str:
+    """A content for the rollout browser: its text parts, and a placeholder for each part that is not
+    text (an image, a file), so the reader sees they were there (`runtime.items.text_of` drops them)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):

@@ -7,26 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from rich.console import Console
 from rich.live import Live
 
 from broker import topology
+from broker.connect import connect
+from runtime.errors import UsageError
+from runtime.model.endpoints import entry_decoder
 from runtime.profiling import profile
 from runtime.profiling.profiler import read_snapshot
 from runtime.profiling.report import write_all
 from runtime.profiling.tables import profile_table, status_table
 
 
-class StatusError(RuntimeError):
+class StatusError(UsageError, RuntimeError):
     """No broker to ask, or nothing there yet; the message says what to do."""
 
 
@@ -71,35 +72,19 @@ async def show(console: Console, url: str, *, as_json: bool) -> None:
     nc = await reach(url)
     try:
         js = nc.jetstream()
-        found, backlog = await runs(js), await consumers(js)
+        found, backlog, deployed = await runs(js), await consumers(js), await models(js)
     finally:
         await nc.close()
     if as_json:
-        print(msgspec.json.encode({"broker": url, "runs": found, "consumers": backlog}).decode())
+        print(msgspec.json.encode({"broker": url, "runs": found, "models": deployed, "consumers": backlog}).decode())
         return
     console.print(f"broker {url}")
-    console.print(status_table(found, backlog))
+    console.print(status_table(found, backlog, deployed))
 
 
 async def reach(url: str) -> Client:
-    """A short-lived connection for a look: it fails at once instead of reconnecting forever as workers do."""
-    try:
-        return await nats.connect(
-            url,
-            name="gymbus-cli",
-            connect_timeout=3,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,  # nats-py's first connect otherwise tries 60 times, 2 s apart
-            reconnect_time_wait=0.2,
-            error_cb=_quiet,
-            user_credentials=os.environ.get("NATS_CREDS") or None,
-        )
-    except Exception as exc:
-        raise StatusError(f"cannot reach the broker at {url}: {exc or type(exc).__name__}") from None
-
-
-async def _quiet(exc: Exception) -> None:
-    """The failure is reported once, by `reach`; nats-py would log a traceback per attempt."""
+    """A connection for a look; one line naming the URL if no broker answers there."""
+    return await connect(url, name="gymbus-cli", connect_timeout_s=5.0)
 
 
 def live_broker(output: str | Path, run_id: str | None = None) -> str:
@@ -147,6 +132,23 @@ async def runs(js: JetStreamContext) -> list[dict[str, Any]]:
             }
         )
     return sorted(out, key=lambda r: r["created_at"] or 0.0, reverse=True)
+
+
+async def models(js: JetStreamContext) -> list[dict[str, Any]]:
+    """Every entry of the ``models`` bucket: the model name, its deployment, who wrote it and when."""
+    try:
+        kv = await js.key_value(topology.MODELS)
+        keys = await kv.keys()
+    except (BucketNotFoundError, NoKeysError):
+        return []
+    out = []
+    for key in sorted(keys):
+        try:
+            entry = entry_decoder.decode((await kv.get(key)).value or b"{}")
+        except (KeyNotFoundError, msgspec.DecodeError):
+            continue
+        out.append({"model": key, **msgspec.structs.asdict(entry)})
+    return out
 
 
 async def consumers(js: JetStreamContext) -> list[dict[str, Any]]:

@@ -76,8 +76,10 @@ def latency_table(latency: dict[str, Spread]) -> Table:
     return table
 
 
-def status_table(runs: list[dict[str, Any]], consumers: list[dict[str, Any]]) -> Group:
-    """Runs known to the broker (manifest + live profile), and the backlog of every consumer."""
+def status_table(
+    runs: list[dict[str, Any]], consumers: list[dict[str, Any]], models: list[dict[str, Any]] | None = None
+) -> Group:
+    """Runs known to the broker (manifest + live profile), the models registered, and every consumer's backlog."""
     table = Table(title="runs", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for col in ("run", "rollouts", "done", "mean reward", "pass@1", "failed", "rollouts/s", "updated"):
         table.add_column(col, justify="left" if col == "run" else "right")
@@ -86,12 +88,12 @@ def status_table(runs: list[dict[str, Any]], consumers: list[dict[str, Any]]) ->
         p: Profile | None = run.get("profile")
         expected = run.get("expected")
         if p is None:
-            table.add_row(run["run_id"], f"0 / {expected or '?'}", "-", "-", "-", "-", "-", "no profile yet")
+            table.add_row(run["run_id"], f"0 / {expected or UNKNOWN}", "-", "-", "-", "-", "-", "no profile yet")
             continue
         pass1 = next((v.value for v in p.pass_at_k if v.k == 1), None)
         table.add_row(
             run["run_id"],
-            f"{p.present} / {p.expected or '?'}",
+            f"{p.present} / {p.expected or UNKNOWN}",
             f"{p.completion:.0%}" if p.completion is not None else "-",
             num(p.reward.mean),
             num(pass1),
@@ -104,4 +106,28 @@ def status_table(runs: list[dict[str, Any]], consumers: list[dict[str, Any]]) ->
         backlog.add_column(col, justify="left" if col in ("stream", "consumer") else "right")
     for c in consumers:
         backlog.add_row(c["stream"], c["name"], str(c["pending"]), str(c["ack_pending"]), str(c["redelivered"]))
-    return Group(table, Text(""), backlog)
+    return Group(table, Text(""), models_table(models or []), Text(""), backlog)
+
+
+UNKNOWN = "? (no manifest)"
+"""The total of a run whose producer wrote no manifest (see `gymbus schema manifest`)."""
+
+
+def models_table(models: list[dict[str, Any]]) -> Table:
+    """The models bucket: each model name, its endpoints and settings, who registered it and when."""
+    table = Table(title="models", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for col in ("model", "endpoints", "api", "reasoning", "timeout", "attempts", "registered by", "when"):
+        table.add_column(col, overflow="fold")
+    now = time.time()
+    for m in models:
+        table.add_row(
+            m["model"],
+            "\n".join(m["endpoints"]) or "-",
+            m["api"],
+            m["reasoning"],
+            f"{m['timeout_s']:g} s",
+            str(m["attempts"]),
+            m["written_by"] or "-",
+            f"{max(0.0, now - m['written_at']):.0f} s ago" if m["written_at"] else "-",
+        )
+    return table

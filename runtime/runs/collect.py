@@ -3,115 +3,51 @@
 A run is tasks x repeats. Each rollout's session id is derived from (run, task, repeat), so the
 same command run again resumes: rollouts that already have a Result on the results stream (or a
 row in ``rollouts.jsonl``) are not submitted again, rollouts still in flight are left alone, and
-only the missing ones are (re)submitted.
+only the missing ones are (re)submitted. A run id is bound to what it ran (`runs.identity`), and
+a run folder has one writer at a time (`runs.folder`).
+
+    prepare()        check the run id, read the tasks, load the functions, check the model: no side effects
+    Collector.run()  lock the folder, start the local stack (or join --nats), record the manifest,
+                     submit what is missing, gather until every rollout has its Result, write the folder
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import platform
-import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
-from nats.errors import MaxPayloadError
+from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 
 from broker import topology
 from broker.connect import connect
-from broker.publish import publish
-from broker.schemas import Result, Start, encoder, result_decoder, session_id
-from broker.sessions import SessionStore
-from runtime.engine import deadletters
-from runtime.engine.handlers import publish_orphan_failure
-from runtime.model.client import register
+from broker.schemas import Manifest, Result
+from runtime.model.endpoints import ModelEntry, entry_decoder, model_key
 from runtime.profiling.profile import Profile
-from runtime.rows import output_row, result_from_row
+from runtime.rows import output_row
+from runtime.runs import identity as identities
+from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
+from runtime.runs.feed import ResultsFeed
+from runtime.runs.folder import RunFolder
+from runtime.runs.models import describe_endpoints, register_model, urls_of, writer
+from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
-from runtime.sdk import Environment, load
 from runtime.telemetry import tracing
 from runtime.telemetry.spans import RolloutSpans
 
 log = logging.getLogger("gymbus.collect")
 
-
-class InputError(ValueError):
-    """The task file cannot be read at all (missing); row-level problems become failed Results."""
-
-
-def new_run_id() -> str:
-    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-
-
-@dataclass
-class TaskRow:
-    index: int
-    row: dict[str, Any] | None
-    error: str | None = None
-
-
-def read_tasks(path: str | Path, limit: int | None = None) -> list[TaskRow]:
-    """Task rows in file order; a line that is not a JSON object becomes a row with an error."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"input file {str(p)!r} does not exist")
-    rows: list[TaskRow] = []
-    with p.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            if limit is not None and len(rows) >= limit:
-                break
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                rows.append(TaskRow(len(rows), None, f"{p.name} line {lineno} is not valid JSON: {exc}"))
-                continue
-            if not isinstance(row, dict):
-                rows.append(
-                    TaskRow(len(rows), None, f"{p.name} line {lineno} is a JSON {type(row).__name__}, not an object")
-                )
-            else:
-                rows.append(TaskRow(len(rows), row))
-    return rows
-
-
-def build_start(
-    cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attempt: int, tool_specs: list[dict[str, Any]] | None
-) -> Start:
-    assert task.row is not None
-    meta = {k: v for k, v in task.row.items() if k != "responses_create_params"}
-    params = task.row.get("responses_create_params")
-    if isinstance(params, dict):
-        params = {**cfg.sampling, **params}
-        if tool_specs and "tools" not in params:
-            params["tools"] = tool_specs
-    return Start(
-        run_id=run_id,
-        task_index=task.index,
-        rollout_index=rollout,
-        attempt=attempt,
-        agent=cfg.agent,
-        env=cfg.env,
-        model=cfg.model.name,
-        responses_create_params=params,  # type: ignore[arg-type]  # checked by the agent
-        meta=meta,
-        options=cfg.limits.options(),
-    )
 
 
 @dataclass
@@ -124,6 +60,8 @@ class Summary:
     wall_s: float = 0.0
     profile: Profile | None = None
     """The run's reward profile, written with the run folder (None if profiling it failed)."""
+    wrote_folder: bool = True
+    """False when another process holds the run folder (a second gatherer of a shared broker's run)."""
 
     @property
     def failures(self) -> Counter[str]:
@@ -134,85 +72,10 @@ class Summary:
         rewards = [r.reward for r in self.results.values() if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else None
 
-
-class ResultsFeed:
-    """Every Result of a run, replayed from the start of the stream and then live."""
-
-    def __init__(self, js: JetStreamContext, run_id: str) -> None:
-        self.js = js
-        self.subject = topology.result_subject(run_id)
-        self.results: dict[str, Result] = {}
-        self.caught_up = asyncio.Event()
-        self.changed = asyncio.Event()
-        self.on_result: Callable[[Result, bool], None] | None = None
-        self._expected_backlog = 0
-        self._seen = 0
-
-    async def start(self) -> None:
-        info = await self.js.stream_info(topology.RESULTS_STREAM, subjects_filter=self.subject)
-        self._expected_backlog = (info.state.subjects or {}).get(self.subject, 0)
-        if self._expected_backlog == 0:
-            self.caught_up.set()
-        self._sub = await self.js.subscribe(
-            self.subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL, cb=self._on_msg
-        )
-
-    async def _on_msg(self, m: Any) -> None:
-        self._seen += 1
-        try:
-            r = result_decoder.decode(m.data)
-        except msgspec.DecodeError as exc:
-            log.error("undecodable message on %s: %s", self.subject, exc)
-        else:
-            new = self.add(r)
-            if self.on_result:
-                self.on_result(r, new)
-        if not self.caught_up.is_set() and (self._seen >= self._expected_backlog or m.metadata.num_pending == 0):
-            self.caught_up.set()
-        self.changed.set()
-
-    def add(self, r: Result) -> bool:
-        """Keep one Result per rollout: the latest attempt. True if the rollout was not done before."""
-        old = self.results.get(r.session_id)
-        if old is None or r.attempt > old.attempt:
-            self.results[r.session_id] = r
-        return old is None
-
-    async def stop(self) -> None:
-        await self._sub.unsubscribe()
-
-
-async def _plan_resubmission(
-    js: JetStreamContext, missing: list[tuple[int, int]], run_id: str, fresh: bool, now: float
-) -> dict[tuple[int, int], int]:
-    """attempt to submit per missing rollout; rollouts still in flight within their deadline are skipped."""
-    if fresh:
-        return {key: 0 for key in missing}
-    store, sem = SessionStore(js), asyncio.Semaphore(64)
-
-    async def decide(key: tuple[int, int]) -> tuple[tuple[int, int], int | None]:
-        async with sem:
-            loaded = await store.get(session_id(run_id, *key))
-        if loaded is None:
-            return key, 0
-        s, _ = loaded
-        if s.phase == "done":  # finished, but its Result is gone: run it again
-            return key, s.attempt + 1
-        if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
-            return key, s.attempt + 1
-        return key, None  # still in flight
-
-    decided = await asyncio.gather(*(decide(k) for k in missing))
-    return {k: a for k, a in decided if a is not None}
-
-
-def _load_env(cfg: RunConfig) -> Environment | None:
-    fn = load(cfg.env_ref or cfg.env)
-    if not isinstance(fn, Environment):
-        raise InputError(f"env {cfg.env!r} is an agent, not an environment")
-    if fn.name != cfg.env:
-        raise InputError(f"env {cfg.env!r} loads an environment named {fn.name!r}")
-    return fn
+    @property
+    def all_failed(self) -> bool:
+        """Every rollout of the run ended, and none with a reward."""
+        return len(self.results) == self.expected > 0 and self.mean_reward is None
 
 
 async def collect(
@@ -222,124 +85,253 @@ async def collect(
     quiet: bool = False,
     console: Any = None,
     replay: list[int] | None = None,
+    extend: bool = False,
+    check_model: bool = True,
 ) -> Summary:
     """Run (or resume) a collection and write its folder; returns what was gathered.
 
     ``replay`` (dead-letter sequences; empty: all of this run's) re-runs those rollouts as a new
-    attempt and waits for them (see runtime/engine/deadletters.py)."""
-    run_id = run_id or new_run_id()
-    if not topology_name_ok(run_id):
-        raise InputError(f"run id {run_id!r} must be 1-64 letters, digits, '-' or '_'")
-    run_dir = Path(cfg.output) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tasks = read_tasks(cfg.input, cfg.limit)
-    expected = {(t.index, k) for t in tasks for k in range(cfg.repeats)}
-    t_start = time.time()
-    child_env = tracing.configure_run(run_dir)
-    roots = RolloutSpans()
+    attempt and waits for them (see runtime/engine/deadletters.py). ``extend`` lets a resume raise
+    ``repeats`` or ``limit``."""
+    plan = await prepare(cfg, run_id, check_model=check_model)
+    return await Collector(plan, quiet=quiet, console=console, replay=replay, extend=extend).run()
 
-    stack: LocalStack | None = None
-    env: Environment | None = None
-    nats_url = cfg.nats
-    try:
-        env = _load_env(cfg)
-    except (LookupError, ImportError, InputError) as exc:
-        if not nats_url:
-            raise InputError(f"cannot load environment {cfg.env!r}: {exc}") from exc
-        log.warning("environment %r is not importable here (%s); tasks keep their own tools", cfg.env, exc)
-    if not nats_url:
-        agent = load(cfg.agent_ref or cfg.agent)
-        if agent.name != cfg.agent:
-            raise InputError(f"agent {cfg.agent!r} loads a function named {agent.name!r}")
-        stack = LocalStack(run_dir, env=child_env)
-        nats_url = stack.start_broker()
-    nc = await connect(nats_url, name=f"gymbus-collect-{run_id}")
-    summary = Summary(run_id, run_dir, expected=len(expected), submitted=0)
-    feed: ResultsFeed | None = None
-    rows_out: IO[str] | None = None
-    try:
-        js = nc.jetstream()
-        await topology.ensure(js, topology.Limits.from_env())
-        model_urls = cfg.model.base_url
-        if stack is not None:
-            if not model_urls:
+
+class Collector:
+    """One `gymbus collect` of a prepared run."""
+
+    def __init__(
+        self, plan: Plan, *, quiet: bool, console: Any, replay: list[int] | None, extend: bool
+    ) -> None:
+        self.plan, self.cfg = plan, plan.cfg
+        self.quiet, self.console, self.replay, self.extend = quiet, console, replay, extend
+        self.folder = RunFolder(self.cfg.output, plan.run_id)
+        self.summary = Summary(plan.run_id, self.folder.path, expected=len(plan.expected), submitted=0)
+        self.stack: LocalStack | None = None
+        self.feed: ResultsFeed | None = None
+        self.roots = RolloutSpans()
+        self.submitting = False
+        """Set once the first rollout may have been published: from then on the folder is the run's."""
+        self.t_start = time.time()
+
+    async def run(self) -> Summary:
+        self._lock()
+        nc: Client | None = None
+        try:
+            child_env = tracing.configure_run(self.folder.path) if self.summary.wrote_folder else {}
+            nats_url = self.cfg.nats or self._start_broker(child_env)
+            nc = await connect(nats_url, name=f"gymbus-collect-{self.plan.run_id}")
+            js = nc.jetstream()
+            await topology.ensure(js, topology.Limits.from_env())
+            await self._start_functions(js, child_env)
+            await self._gather(js, nats_url)
+        finally:
+            await self._shutdown(nc)
+        return self.summary
+
+    def _lock(self) -> None:
+        self.folder.create()
+        if self.folder.lock():
+            return
+        if not self.cfg.nats:
+            raise self.folder.busy()
+        self.summary.wrote_folder = False
+        log.warning(
+            "%s also gathers run %s; this process gathers its Results too and leaves %s to it",
+            self.folder.holder(),
+            self.plan.run_id,
+            self.folder.path,
+        )
+
+    def _start_broker(self, child_env: dict[str, str]) -> str:
+        self.stack = LocalStack(self.folder.path, env=child_env)
+        return self.stack.start_broker()
+
+    async def _start_functions(self, js: JetStreamContext, child_env: dict[str, str]) -> None:
+        """The local stack's policy, workers and profiler; with --nats, check that workers serve the run."""
+        cfg, urls = self.cfg, urls_of(self.cfg.model.base_url)
+        if self.stack is None:
+            await check_served(js, cfg)
+            registered = await _registered(js, cfg.model.name)
+            if registered["endpoints"] and not self.plan.model:
+                registered.update(await describe_endpoints(registered["endpoints"], cfg.model.name))
+            self.plan.model = {**registered, **self.plan.model}
+        else:
+            if not urls:
                 sim = cfg.model.simulate
-                model_urls = stack.start_simulator(
-                    str(Path(cfg.input).resolve()),
-                    accuracy=sim.accuracy,
-                    latency_ms=sim.latency_ms,
-                    seed=sim.seed,
-                    model=cfg.model.name,
-                )
+                urls = [
+                    self.stack.start_simulator(
+                        str(Path(cfg.input).resolve()),
+                        accuracy=sim.accuracy,
+                        latency_ms=sim.latency_ms,
+                        seed=sim.seed,
+                        model=cfg.model.name,
+                    )
+                ]
+                self.plan.model = {"endpoints": urls, "simulated_policy": True}
             for ref in (cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env):
                 for replica in range(cfg.workers.replicas):
-                    stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
-            stack.start_profiler()
-        else:
-            await _check_functions(js, cfg)
-        if model_urls:
-            m = cfg.model
-            urls = [u.strip() for u in model_urls.split(",")]
-            await register(js, m.name, urls, m.api, reasoning=m.reasoning, timeout_s=m.timeout_s, attempts=m.attempts)
+                    self.stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
+            self.stack.start_profiler()
+        if urls:
+            await register_model(js, cfg.model, urls, writer("collect"))
 
-        runs_kv = await js.key_value(topology.RUNS)
-        shape = {"tasks": len(tasks), "repeats": cfg.repeats, "pass_threshold": cfg.profile.pass_threshold}
-        fresh = await _manifest(runs_kv, run_id, len(expected), **shape) is None
-        await _write_metadata(run_dir, cfg, run_id, len(tasks), len(expected), nats_url, stack, model_urls, t_start)
-
-        feed = ResultsFeed(js, run_id)
+    async def _gather(self, js: JetStreamContext, nats_url: str) -> None:
+        plan = self.plan
+        manifest = Manifest(
+            run_id=plan.run_id,
+            expected=len(plan.expected),
+            tasks=len(plan.tasks),
+            repeats=self.cfg.repeats,
+            pass_threshold=self.cfg.profile.pass_threshold,
+            identity=plan.identity,
+        )
+        folder_identity = self.folder.identity() if self.summary.wrote_folder else None
+        fresh = await identities.open_manifest(js, manifest, extend=self.extend, folder=folder_identity)
+        feed = self.feed = ResultsFeed(js, plan.run_id)
         await feed.start()
-        async with asyncio.timeout(60):  # not wait_for: on 3.11 it can swallow a cancel (Ctrl-C)
-            await feed.caught_up.wait()
-        if not feed.results:  # a new broker (store deleted, another cluster): the run folder remembers
-            for row in _read_rows(run_dir / "rollouts.jsonl"):
-                try:
-                    r = result_from_row(row)
-                except msgspec.ValidationError:
-                    continue
-                if r.run_id == run_id:
-                    feed.results.setdefault(r.session_id, r)
-        done_keys = {(r.task_index, r.rollout_index) for r in feed.results.values()}
-        missing = sorted(expected - done_keys)
-        attempts = await _plan_resubmission(js, missing, run_id, fresh, time.time())
-
-        progress = RunProgress(total=len(expected), run_id=run_id, quiet=quiet, console=console)
+        await feed.catch_up()
+        if not feed.results and self.summary.wrote_folder:  # a new broker (store deleted, another cluster)
+            for r in self.folder.results(plan.run_id):
+                feed.results.setdefault(r.session_id, r)
+        done = {(r.task_index, r.rollout_index) for r in feed.results.values()}
+        attempts = await rollouts.plan(js, sorted(plan.expected - done), plan.run_id, fresh, time.time())
+        wanted = await rollouts.replay(js, plan.run_id, self.replay) if self.replay is not None else {}
+        self.submitting = True
+        if self.summary.wrote_folder:
+            self._write_metadata(nats_url)
+        progress = RunProgress(total=len(plan.expected), run_id=plan.run_id, quiet=self.quiet, console=self.console)
         for r in feed.results.values():
-            if (r.task_index, r.rollout_index) in expected:
+            if (r.task_index, r.rollout_index) in plan.expected:
                 progress.add(r, resumed=True)
-        task_by_index = by_index_of(tasks)
-        rows_out = (run_dir / "rollouts.jsonl").open("a")  # rows land as they arrive; rewritten sorted at the end
+        rows_out = self.folder.appender() if self.summary.wrote_folder else None
+        feed.on_result = lambda r, new: self._on_result(r, new, progress, rows_out)
+        try:
+            with progress:
+                self.summary.submitted = len(wanted) + await rollouts.publish_starts(
+                    js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env, self.roots
+                )
+                await self._wait(progress, wanted)
+        finally:
+            if rows_out is not None:
+                rows_out.close()
+        await feed.stop()
 
-        def on_result(r: Result, new: bool) -> None:
-            roots.finish(r)
-            if new and (r.task_index, r.rollout_index) in expected:
-                progress.add(r)
-                rows_out.write(json.dumps(output_row(task_by_index[r.task_index].row, r)) + "\n")
+    def _on_result(self, r: Result, new: bool, progress: RunProgress, rows_out: IO[str] | None) -> None:
+        self.roots.finish(r)
+        if new and (r.task_index, r.rollout_index) in self.plan.expected:
+            progress.add(r)
+            if rows_out is not None:
+                rows_out.write(json.dumps(output_row(self.plan.rows.get(r.task_index), r)) + "\n")
                 rows_out.flush()
 
-        feed.on_result = on_result
-        with progress:
-            summary.submitted = await _submit(js, cfg, run_id, task_by_index, attempts, env, roots)
-            wanted = await _replay(js, run_id, replay) if replay is not None else {}
-            summary.submitted += len(wanted)
-            await _wait(feed, expected, stack, cfg, progress, wanted)
-        await feed.stop()
-    finally:
-        summary.wall_s = time.time() - t_start
+    async def _wait(self, progress: RunProgress, wanted: dict[Key, int]) -> None:
+        """Until every rollout has a Result (of at least the attempt ``wanted`` says, for replays)."""
+        assert self.feed is not None
+        feed, expected = self.feed, self.plan.expected
+        while True:
+            done = {
+                (r.task_index, r.rollout_index)
+                for r in feed.results.values()
+                if r.attempt >= wanted.get((r.task_index, r.rollout_index), 0)
+            }
+            if expected <= done:
+                return
+            feed.changed.clear()
+            try:
+                async with asyncio.timeout(2.0):
+                    await feed.changed.wait()
+            except TimeoutError:
+                pass
+            if self.stack is not None:
+                self.stack.restart_exited_workers(self.cfg.workers.concurrency)
+            progress.refresh()
+
+    async def _shutdown(self, nc: Client | None) -> None:
+        """Stop the local stack and write what was gathered (also when interrupted); a start that failed
+        before any rollout was submitted leaves no new run folder behind."""
+        feed, summary = self.feed, self.summary
+        summary.wall_s = time.time() - self.t_start
         if feed is not None:
-            summary.results = {k: v for k, v in feed.results.items() if (v.task_index, v.rollout_index) in expected}
-        await nc.close()
-        roots.abandon()
-        if stack is not None:
-            stack.stop()
+            summary.results = {
+                k: v for k, v in feed.results.items() if (v.task_index, v.rollout_index) in self.plan.expected
+            }
+        if nc is not None:
+            await nc.close()
+        self.roots.abandon()
+        if self.stack is not None:
+            self.stack.stop()
         tracing.end_run()
-        if rows_out is not None:
-            rows_out.close()
-        if feed is not None:  # also when interrupted: the folder shows what was gathered so far
-            _write_rows(run_dir / "rollouts.jsonl", tasks, summary.results)
-            _finish_metadata(run_dir, summary)
-            summary.profile = _write_profile(run_dir)
-    return summary
+        if not summary.wrote_folder:
+            return
+        if not self.submitting:
+            self.folder.discard_if_new()
+            return
+        if feed is not None:
+            self.folder.write_rows(self.plan.rows, summary.results.values())
+            self._finish_metadata()
+            summary.profile = _write_profile(self.folder.path)
+        self.folder.unlock()
+
+    def _write_metadata(self, nats_url: str) -> None:
+        """metadata.json at the start of the run (a replay keeps the run's own, updating its end only)."""
+        if self.replay is not None and self.folder.metadata():
+            return
+        cfg, local = self.cfg, self.stack is not None
+        self.folder.update_metadata(
+            run_id=self.plan.run_id,
+            config=msgspec.to_builtins(cfg),
+            identity=msgspec.to_builtins(self.plan.identity),
+            input=str(Path(cfg.input).resolve()),
+            tasks=len(self.plan.tasks),
+            repeats=cfg.repeats,
+            expected=len(self.plan.expected),
+            broker="embedded" if local else nats_url,
+            nats_url=nats_url,
+            model=self.plan.model,
+            model_endpoints=self.plan.model.get("endpoints", []),
+            simulated_policy=self.plan.model.get("simulated_policy"),
+            traces=_traces_note(self.folder.path, local),
+            started_at=self.t_start,
+            versions=_versions(),
+            argv=sys.argv,
+        )
+
+    def _finish_metadata(self) -> None:
+        s = self.summary
+        self.folder.update_metadata(
+            finished_at=time.time(),
+            wall_s=round(s.wall_s, 3),
+            results=len(s.results),
+            submitted_this_time=s.submitted,
+            failures=dict(s.failures),
+            mean_reward=s.mean_reward,
+        )
+
+
+async def _registered(js: JetStreamContext, model: str) -> dict[str, Any]:
+    """What the ``models`` bucket says of ``model`` (a run with --nats records it; unknown if absent)."""
+    try:
+        kv = await js.key_value(topology.MODELS)
+        entry: ModelEntry = entry_decoder.decode((await kv.get(model_key(model))).value or b"{}")
+    except Exception:
+        return {"endpoints": [], "simulated_policy": None, "registered": False}
+    return {
+        "endpoints": entry.endpoints,
+        "api": entry.api,
+        "registered_by": entry.written_by or None,
+        "simulated_policy": None,
+    }
+
+
+def _traces_note(run_dir: Path, local: bool) -> str:
+    if tracing.otlp_configured():
+        return "sent over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)"
+    if not tracing.enabled():
+        return "off"
+    if local:
+        return "traces.jsonl: collect, every worker and the simulated policy"
+    return "traces.jsonl: collect's own spans only (the workers of a shared broker export theirs)"
 
 
 def _write_profile(run_dir: Path) -> Profile | None:
@@ -355,152 +347,6 @@ def _write_profile(run_dir: Path) -> Profile | None:
         return None
 
 
-def by_index_of(tasks: list[TaskRow]) -> dict[int, TaskRow]:
-    return {t.index: t for t in tasks}
-
-
-def topology_name_ok(name: str) -> bool:
-    return 0 < len(name) <= 64 and all(c.isalnum() or c in "-_" for c in name)
-
-
-async def _check_functions(js: JetStreamContext, cfg: RunConfig) -> None:
-    """With a remote broker, refuse to submit to functions no worker has ever served."""
-    for role, name in (("agent", cfg.agent), ("tool", cfg.env), ("verify", cfg.env)):
-        if not await topology.has_consumer(js, role, name):  # type: ignore[arg-type]
-            raise InputError(
-                f"no worker serves {topology.subject(role, name)} (no consumer {topology.durable(role, name)!r}): "  # type: ignore[arg-type]
-                f"start one with `gymbus worker {name} --nats URL`"
-            )
-
-
-async def _manifest(kv: Any, run_id: str, expected: int, **extra: Any) -> dict[str, Any] | None:
-    """The run's manifest in the ``runs`` bucket; created on first sight (None then: a fresh run)."""
-    from nats.js.errors import KeyNotFoundError
-
-    key = f"{run_id}.manifest"
-    try:
-        return json.loads((await kv.get(key)).value)
-    except KeyNotFoundError:
-        manifest = {"run_id": run_id, "expected": expected, "created_at": time.time(), **extra}
-        await kv.put(key, json.dumps(manifest).encode())
-        return None
-
-
-async def _submit(
-    js: JetStreamContext,
-    cfg: RunConfig,
-    run_id: str,
-    tasks: dict[int, TaskRow],
-    attempts: dict[tuple[int, int], int],
-    env: Environment | None,
-    roots: RolloutSpans | None = None,
-) -> int:
-    tool_specs = env.tool_specs() if (env is not None and cfg.env_tools) else None
-    sem = asyncio.Semaphore(256)
-    subject = topology.agent_subject(cfg.agent)
-
-    async def one(task_index: int, rollout: int, attempt: int) -> None:
-        task = tasks[task_index]
-        sid = session_id(run_id, task_index, rollout)
-        async with sem:
-            if task.row is None:  # unreadable row: its rollouts fail here, with the reason
-                await publish_orphan_failure(
-                    js,
-                    sid,
-                    "invalid_input",
-                    task.error or "unreadable task row",
-                    (run_id, task_index, rollout, attempt),
-                )
-                return
-            start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
-            try:
-                with roots.submitting(start, sid) if roots else contextlib.nullcontext():
-                    await publish(js, subject, start, f"{sid}:start:{attempt}")
-            except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
-                reason = (
-                    f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
-                    f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
-                )
-                await publish_orphan_failure(js, sid, "invalid_input", reason, (run_id, task_index, rollout, attempt))
-
-    await asyncio.gather(*(one(t, r, a) for (t, r), a in sorted(attempts.items())))
-    return len(attempts)
-
-
-async def _replay(js: JetStreamContext, run_id: str, seqs: list[int]) -> dict[tuple[int, int], int]:
-    """Re-submit dead-lettered rollouts of the run; returns the attempt each now waits for."""
-    chosen = [x for x in await deadletters.letters(js, run_id=run_id) if not seqs or x.seq in seqs]
-    wanted = {}
-    for done in await deadletters.replay(js, chosen):
-        log.warning("replay of dead letter %d (%s): %s", done.seq, done.session_id, done.note)
-        if done.attempt is not None and done.session_id:
-            _, task, rollout = done.session_id.rsplit(".", 2)
-            wanted[(int(task), int(rollout))] = done.attempt
-    return wanted
-
-
-async def _wait(
-    feed: ResultsFeed,
-    expected: set[tuple[int, int]],
-    stack: LocalStack | None,
-    cfg: RunConfig,
-    progress: RunProgress,
-    wanted: dict[tuple[int, int], int] | None = None,
-) -> None:
-    restarts: Counter[str] = Counter()
-    wanted = wanted or {}
-    while True:
-        done = {
-            (r.task_index, r.rollout_index)
-            for r in feed.results.values()
-            if r.attempt >= wanted.get((r.task_index, r.rollout_index), 0)
-        }
-        if expected <= done:
-            return
-        feed.changed.clear()
-        try:
-            async with asyncio.timeout(2.0):
-                await feed.changed.wait()
-        except TimeoutError:
-            pass
-        if stack is not None:
-            for proc in list(stack.procs):
-                if not proc.alive() and proc.name.startswith("worker-"):
-                    restarts[proc.name] += 1
-                    log.warning(
-                        "%s exited (%s); restarting it (restart %d)",
-                        proc.name,
-                        proc.proc.returncode,
-                        restarts[proc.name],
-                    )
-                    stack.procs.remove(proc)
-                    ref = proc.cmd[proc.cmd.index("worker") + 1]
-                    stack.start_worker(ref, int(proc.name.rsplit("-", 1)[1]), concurrency=cfg.workers.concurrency)
-        progress.refresh()
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def _write_rows(path: Path, tasks: list[TaskRow], results: dict[str, Result]) -> None:
-    by_index = {t.index: t.row for t in tasks}
-    ordered = sorted(results.values(), key=lambda r: (r.task_index, r.rollout_index))
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as fh:
-        for r in ordered:
-            fh.write(json.dumps(output_row(by_index.get(r.task_index), r)) + "\n")
-    os.replace(tmp, path)
-
-
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -511,48 +357,3 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return out
-
-
-async def _write_metadata(
-    run_dir: Path,
-    cfg: RunConfig,
-    run_id: str,
-    n_tasks: int,
-    expected: int,
-    nats_url: str,
-    stack: LocalStack | None,
-    model_urls: str | None,
-    t_start: float,
-) -> None:
-    meta = {
-        "run_id": run_id,
-        "config": msgspec.to_builtins(cfg),
-        "input": str(Path(cfg.input).resolve()),
-        "tasks": n_tasks,
-        "repeats": cfg.repeats,
-        "expected": expected,
-        "broker": "embedded" if stack is not None else nats_url,
-        "nats_url": nats_url,
-        "model_endpoints": [u.strip() for u in model_urls.split(",")] if model_urls else [],
-        "simulated_policy": stack is not None and not cfg.model.base_url,
-        "started_at": t_start,
-        "versions": _versions(),
-        "argv": sys.argv,
-    }
-    (run_dir / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
-
-
-def _finish_metadata(run_dir: Path, summary: Summary) -> None:
-    path = run_dir / "metadata.json"
-    meta = json.loads(path.read_text()) if path.exists() else {}
-    meta.update(
-        {
-            "finished_at": time.time(),
-            "wall_s": round(summary.wall_s, 3),
-            "results": len(summary.results),
-            "submitted_this_time": summary.submitted,
-            "failures": dict(summary.failures),
-            "mean_reward": summary.mean_reward,
-        }
-    )
-    path.write_text(json.dumps(meta, indent=2) + "\n")

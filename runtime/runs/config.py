@@ -5,6 +5,8 @@ Unknown keys are errors (a typo should fail), and every error names the key path
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -12,6 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from broker.schemas import Name, Options
+from runtime.errors import ConfigError
 
 
 class Strict(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -86,29 +89,55 @@ class RunConfig(Strict):
     profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)
 
 
-class ConfigError(ValueError):
-    """The run config is missing or invalid; the message names the key."""
+FLAGS = {
+    "input": "--input",
+    "output": "--output",
+    "limit": "--limit",
+    "repeats": "--repeats",
+    "nats": "--nats",
+    "model.base_url": "--model-url",
+    "workers.concurrency": "--concurrency",
+}
+"""The CLI flag that sets each overridable key: a value that fails validation is blamed on its flag."""
+
+_AT = re.compile(r" - at `\$\.([^`\[]+)")
 
 
 def load_config(path: str | Path, **overrides: Any) -> RunConfig:
-    """Read a YAML run config; ``overrides`` (CLI options) replace top-level keys when not None."""
+    """Read a YAML run config; ``overrides`` (CLI options, by key path) replace its keys when not None.
+
+    A relative ``input`` in the file is relative to the file (so a config runs from any directory);
+    one given as an override is relative to the working directory, as any command-line path."""
     p = Path(path)
     try:
         raw = msgspec.yaml.decode(p.read_bytes()) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(p)!r} is a directory, not a YAML file") from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level, got {type(raw).__name__}")
-    for key, value in overrides.items():
-        if value is not None:
-            section, _, field = key.partition(".")
-            if field:
-                raw.setdefault(section, {})[field] = value
-            else:
-                raw[key] = value
+    if isinstance(raw.get("input"), str) and not os.path.isabs(raw["input"]):
+        raw["input"] = os.path.normpath(p.parent / raw["input"])
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for key, value in given.items():
+        section, _, field = key.partition(".")
+        if field:
+            raw.setdefault(section, {})[field] = value
+        else:
+            raw[key] = value
     try:
         return msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{p}: {exc}") from exc
+        raise ConfigError(_blame(p, str(exc), given)) from exc
+
+
+def _blame(path: Path, error: str, given: dict[str, Any]) -> str:
+    """The error, blamed on the flag that set the failing key, else on the config file."""
+    at = _AT.search(error)
+    key = at.group(1) if at else ""
+    if key in given:
+        return f"{FLAGS.get(key, key)} {given[key]!r}: {error[: at.start()] if at else error}"
+    return f"{path}: {error}"

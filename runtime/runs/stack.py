@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO
 
@@ -88,6 +89,7 @@ class LocalStack:
         self.broker: EmbeddedServer | None = None
         self.procs: list[Process] = []
         self.model_url: str | None = None
+        self.restarts: Counter[str] = Counter()
 
     @property
     def nats_url(self) -> str:
@@ -146,6 +148,17 @@ class LocalStack:
     def check(self) -> list[str]:
         """Names of child processes that died."""
         return [p.name for p in self.procs if not p.alive()]
+
+    def restart_exited_workers(self, concurrency: int) -> None:
+        """Start again every worker process that exited (its messages are redelivered to the new one)."""
+        for proc in [p for p in self.procs if p.name.startswith("worker-") and not p.alive()]:
+            self.restarts[proc.name] += 1
+            log.warning(
+                "%s exited (%s); restarting it (restart %d)", proc.name, proc.proc.returncode, self.restarts[proc.name]
+            )
+            self.procs.remove(proc)
+            ref = proc.cmd[proc.cmd.index("worker") + 1]
+            self.start_worker(ref, int(proc.name.rsplit("-", 1)[1]), concurrency=concurrency)
 
     def stop(self) -> None:
         """Workers first (draining in-flight work may still call the model), then the policy, then the broker."""

@@ -4,6 +4,5 @@
     semconv.py      every span and attribute name
     spans.py        hop spans (PRODUCER/CONSUMER), verification spans, rollout roots
     genai.py        GenAI spans of model calls and tool calls
-    spanfile.py     the traces.jsonl exporter and reader
-    breakdown.py    `gymbus traces`: per-hop latency and waterfalls from traces.jsonl
+    spanfile.py     the traces.jsonl exporter and reader (`gymbus traces` reads it: profiling.breakdown)
 """

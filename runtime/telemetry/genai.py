@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.trace import SpanKind
 
+from runtime.items import text_of
 from runtime.telemetry import semconv, tracing
 from runtime.telemetry.spans import record_error
 
@@ -102,7 +103,7 @@ def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         match item.get("type", "message"):
             case "message":
-                role, parts = item.get("role", "user"), [{"type": "text", "content": _text(item.get("content"))}]
+                role, parts = item.get("role", "user"), [{"type": "text", "content": text_of(item.get("content"))}]
             case "function_call":
                 role = "assistant"
                 parts = [
@@ -117,19 +118,11 @@ def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 role = "tool"
                 parts = [{"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}]
             case "reasoning":
-                role, parts = "assistant", [{"type": "reasoning", "content": _text(item.get("summary"))}]
+                role, parts = "assistant", [{"type": "reasoning", "content": text_of(item.get("summary"))}]
             case _:
                 continue
         out.append({"role": role, "parts": parts})
     return out
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 async def tool_call(session_id: str, call: FunctionCall, run: Awaitable[T]) -> T:

@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
+from runtime.errors import UsageError
 from runtime.telemetry import semconv
 
 log = logging.getLogger("gymbus.tracing")
@@ -35,7 +36,7 @@ _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_END
 _PROBES_UNTRACED = "OTEL_PYTHON_STARLETTE_EXCLUDED_URLS"
 
 
-class TracingError(ValueError):
+class TracingError(UsageError, ValueError):
     """The OTEL_* configuration cannot be served (e.g. a protocol whose exporter is not installed)."""
 
 

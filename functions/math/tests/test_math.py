@@ -52,11 +52,13 @@ QUICK_CASES = [(gold, reply.format(answer)) for gold in GOLDS for answer in ANSW
 
 
 @pytest.mark.parametrize("gold,text", QUICK_CASES)
-def test_quick_path_agrees_with_math_verify(gold: str, text: str) -> None:
-    """The plain-number fast path gives math-verify's verdict and extracted answer, or steps aside."""
-    quick = _quick(gold, text)
-    if quick is not None:
-        assert quick == _check(gold, text)
+async def test_every_answer_form_gets_math_verifys_verdict(gold: str, text: str) -> None:
+    """The verifier's reward is math-verify's verdict, whichever path gave it; the plain-number fast path
+    gives that verdict and extracted answer, or steps aside."""
+    right, extracted = _check(gold, text)
+    assert _quick(gold, text) in (None, (right, extracted))
+    verdict = await ENVIRONMENT.verify(task(gold), reply(text))
+    assert (verdict.reward, verdict.info.get("extracted_answer")) == (float(right), extracted)
 
 
 def test_quick_path_takes_plain_numbers() -> None:

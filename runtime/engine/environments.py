@@ -1,0 +1,111 @@
+"""The environment roles: seeding a session, running the model's tool calls, verifying the rollout."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from broker.schemas import FunctionCall, Msg, Seed, Session, Tools, Verify
+from runtime.engine.records import build_result, end
+from runtime.engine.transitions import Delivery, Runtime, transition
+from runtime.errors import GymError, InvalidInput, ToolError, VerifierError
+from runtime.sdk import Context, Environment, Rollout, Verdict
+from runtime.telemetry import genai, spans
+
+
+async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
+    match msg:
+        case Seed():
+            await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(env, s))
+        case Tools():
+            await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(env, s))
+        case _:
+            raise InvalidInput(f"environment {env.name!r} tools cannot handle a {type(msg).__name__} message")
+
+
+async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
+    if not isinstance(msg, Verify):
+        raise InvalidInput(f"environment {env.name!r} verifier cannot handle a {type(msg).__name__} message")
+    await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(env, s))
+
+
+async def _seed(env: Environment, s: Session) -> None:
+    if env.seed is not None:
+        await env.seed(Context(s.session_id, env.task(s), s.env_state))
+    s.phase = "model"
+
+
+async def _tools(env: Environment, s: Session) -> None:
+    s.items.extend(await run_tools(env, s, s.pending))
+    s.pending, s.phase = [], "model"
+
+
+async def run_tools(env: Environment, s: Session, calls: list[FunctionCall]) -> list[dict[str, Any]]:
+    """Run the calls in order. A call the model got wrong (unknown tool, bad JSON, schema) is answered
+    with an error output the model can read, or fails the rollout with ``invalid_input`` under
+    ``options.invalid_tool_calls: fail``; a tool that raises is a ``tool_error``."""
+    ctx = Context(s.session_id, env.task(s), s.env_state)
+    strict = s.options.invalid_tool_calls == "fail"
+    outputs = []
+    for n, call in enumerate(calls):
+        t0 = time.perf_counter()
+        try:
+            output = await genai.tool_call(s.session_id, call, _call(env, ctx, call))
+        except InvalidCall as exc:
+            if strict:
+                raise InvalidInput(f"tool call {n} ({call.call_id}) of turn {s.turns_taken}: {exc}") from None
+            output = f"error: {exc}"
+        outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": output})
+        s.timings.tool_s += time.perf_counter() - t0
+        s.timings.tool_calls += 1
+    return outputs
+
+
+class InvalidCall(Exception):
+    """The model's tool call cannot be run as written (unknown tool, bad JSON, schema violation)."""
+
+
+async def _call(env: Environment, ctx: Context[Any], call: FunctionCall) -> str:
+    tool = env.by_name.get(call.name)
+    if tool is None:
+        raise InvalidCall(f"unknown tool {call.name!r}; this environment has {sorted(env.by_name)}")
+    try:
+        args = tool.parse(call.arguments)
+    except InvalidInput as exc:
+        raise InvalidCall(exc.reason) from None
+    try:
+        value = await tool(ctx, args)
+    except GymError:
+        raise
+    except Exception as exc:
+        raise ToolError(f"tool {call.name!r} raised {type(exc).__name__}: {exc}") from exc
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+async def _verify(env: Environment, s: Session) -> None:
+    task = env.task(s)
+    started = time.perf_counter()
+    try:
+        rollout = Rollout(output=s.items[s.n_input :], state=s.env_state)
+        verdict = await spans.verification(env.name, s.session_id, env.verify(task, rollout))
+    except GymError:
+        raise
+    except Exception as exc:
+        raise VerifierError(f"verifier of {env.name!r} raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        s.timings.verify_s += time.perf_counter() - started
+    reward, info = _reward(env, verdict)
+    end(s, build_result(s, reward=reward, verifier=info))
+
+
+def _reward(env: Environment, verdict: object) -> tuple[float, dict[str, Any]]:
+    """A verifier's answer as (reward, info): a float, a bool (1.0 or 0.0) or a Verdict; anything else,
+    or a reward that is not finite, is a ``verifier_error``."""
+    reward, info = (verdict.reward, verdict.info) if isinstance(verdict, Verdict) else (verdict, {})
+    if isinstance(reward, bool):
+        return float(reward), info
+    if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise VerifierError(f"verifier of {env.name!r} returned reward {reward!r}, not a finite number")
+    return float(reward), info

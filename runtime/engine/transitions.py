@@ -1,0 +1,193 @@
+"""The rollout state machine's one mechanism: a transition, applied exactly once.
+
+A session's ``step`` counts committed transitions. A message carries the step it applies to:
+
+    Start          session absent (or an older attempt)  -> step b+1, phase seed|tools|verify
+    Seed    (s)    phase seed                            -> step s+1, phase model
+    Resume  (s)    phase model                           -> step s+1, phase tools|verify
+    Tools   (s)    phase tools                           -> step s+1, phase model
+    Verify  (s)    phase verify                          -> step s+1, phase done (Result stored)
+
+Each transition is one compare-and-set on the session's KV revision, and the one message that
+follows is derived from the committed state alone, published with the id ``<session>:<step>``.
+So a redelivered message finds the session one step ahead and re-emits what may have been lost
+(the stream drops it if it was not), and a message that lost a race finds a CAS conflict and
+steps aside: nothing is applied twice (DESIGN invariant 2). The handlers of each role
+(``agents.py``, ``environments.py``) are the work done inside `transition`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from nats.js import JetStreamContext
+
+from broker import topology
+from broker.publish import publish
+from broker.schemas import Msg, Phase, Resume, Seed, Session, Tools, Verify
+from broker.sessions import SessionStore, StateConflict
+from runtime.engine.records import finish_timings, fit, max_record_bytes
+from runtime.errors import DeadlineExceeded, GymError, Timeout
+from runtime.sdk import Respond
+
+log = logging.getLogger("gymbus.runtime")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the runtime knows about the message in hand."""
+
+    published_at: float
+    """Unix time the broker stored the message."""
+    received_at: float = field(default_factory=time.time)
+    """Unix time a worker took it."""
+    num_delivered: int = 1
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def queued_s(self) -> float:
+        return max(0.0, self.received_at - self.published_at)
+
+
+@dataclass
+class Runtime:
+    """Resources every handler of a worker shares; built once per worker process."""
+
+    js: JetStreamContext
+    store: SessionStore
+    respond: Respond | None = None
+    done_ttl_s: float = 3600.0
+    """How long a finished session stays in KV (so late duplicates find it done), then expires."""
+
+    async def emit(self, s: Session) -> None:
+        """Publish the one message the session's committed state calls for."""
+        subject, msg = next_message(s)
+        await publish(self.js, subject, msg, f"{s.session_id}:{s.step}", s.headers or None)
+
+    async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
+        """Apply the transition (step + 1) by CAS and emit its message; False if another worker won."""
+        advance(s, d, started)
+        return await self.write(s, rev)
+
+    async def write(self, s: Session, rev: int, *, reemit: bool = True) -> bool:
+        """Store an advanced session by CAS on ``rev`` and emit its message; False if another worker won
+        (then, with ``reemit``, publish what the winner's state calls for)."""
+        record = fit(s, max_record_bytes(self.js))
+        # a failed rollout's session outlives the short done TTL (bucket TTL), so `gymbus replay` can re-run it
+        ttl = self.done_ttl_s if s.phase == "done" and s.result is not None and not s.result.failed else None
+        try:
+            await self.store.update(s, last=rev, ttl_s=ttl, record=record)
+        except StateConflict:
+            log.debug("session %s step %d: applied by another worker", s.session_id, s.step - 1)
+            if reemit:
+                await self.reemit_if(s.session_id, s.step)
+            return False
+        await self.emit(s)
+        return True
+
+    async def reemit_if(self, sid: str, step: int) -> None:
+        """Publish what the session's state calls for if it is at ``step`` (a no-op if already published)."""
+        loaded = await self.store.get(sid)
+        if loaded is not None and loaded[0].step == step:
+            await self.emit(loaded[0])
+
+
+Work = Callable[[Session], Awaitable[None]]
+"""What a handler does inside a transition: change the loaded session, including its next ``phase``."""
+
+
+async def transition(rt: Runtime, sid: str, step: int, phase: Phase, d: Delivery, work: Work) -> None:
+    """Load the session, and if ``step`` in ``phase`` applies to it now, do ``work`` within the step's
+    deadline and commit it (step + 1) by compare-and-set, emitting the message that follows."""
+    loaded = await load_at(rt, sid, step, phase)
+    if loaded is None:
+        return
+    s, rev = loaded
+    started = time.perf_counter()
+    async with deadline(s):
+        await work(s)
+    await rt.commit(s, rev, d, started)
+
+
+async def load_at(rt: Runtime, sid: str, step: int, phase: Phase) -> tuple[Session, int] | None:
+    """The session if ``step`` applies to it now; otherwise re-emit if needed and return None."""
+    loaded = await rt.store.get(sid)
+    if loaded is None:
+        raise SessionLost(sid)
+    s, rev = loaded
+    if s.step == step and s.phase == phase:
+        return s, rev
+    if s.step == step + 1:
+        await rt.emit(s)  # our transition is committed; the message after it may have been lost
+    elif s.step == step:
+        log.error("session %s step %d is in phase %s, not %s: message dropped", sid, step, s.phase, phase)
+    return None
+
+
+def advance(s: Session, d: Delivery, started: float) -> None:
+    """Count the hop in the session's timings and take the transition (step + 1), before it is stored."""
+    t = s.timings
+    t.hops += 1
+    t.queue_s += d.queued_s
+    t.handler_s += time.perf_counter() - started
+    if s.phase == "done" and s.result is not None:
+        s.result = msgspec.structs.replace(s.result, timings=finish_timings(t))
+    s.step += 1
+
+
+def next_message(s: Session) -> tuple[str, Msg]:
+    sid, step = s.session_id, s.step
+    match s.phase:
+        case "seed":
+            return topology.tool_subject(s.env), Seed(session_id=sid, step=step)
+        case "model":
+            return topology.agent_subject(s.agent), Resume(session_id=sid, step=step)
+        case "tools":
+            return topology.tool_subject(s.env), Tools(session_id=sid, step=step, calls=s.pending)
+        case "verify":
+            return topology.verify_subject(s.env), Verify(session_id=sid, step=step)
+        case "done":
+            assert s.result is not None
+            return topology.result_subject(s.run_id), s.result
+    raise AssertionError(f"unknown phase {s.phase!r}")
+
+
+@asynccontextmanager
+async def deadline(s: Session) -> AsyncIterator[None]:
+    """Bound one step by ``step_timeout_s`` and by what is left of ``rollout_timeout_s``."""
+    o = s.options
+    left = s.timings.submitted_at + o.rollout_timeout_s - time.time()
+    if left <= 0:
+        raise DeadlineExceeded(f"rollout exceeded rollout_timeout_s={o.rollout_timeout_s:g}")
+    budget = min(o.step_timeout_s, left)
+    try:
+        async with asyncio.timeout(budget) as cm:
+            yield
+    except TimeoutError as exc:
+        if not cm.expired():
+            raise
+        if budget == o.step_timeout_s:
+            raise Timeout(f"step {s.step} ({s.phase}) exceeded step_timeout_s={o.step_timeout_s:g}") from exc
+        raise DeadlineExceeded(f"step {s.step} ({s.phase}) exceeded rollout_timeout_s={o.rollout_timeout_s:g}") from exc
+
+
+class SessionLost(GymError):
+    """A message arrived for a session that is not in KV (expired or purged)."""
+
+    kind = "internal"
+    retry = False
+
+    def __init__(self, sid: str) -> None:
+        super().__init__(f"session {sid} is missing from the sessions bucket (expired or purged)")
+        self.sid = sid
+
+
+Handler = Callable[[Runtime, Any, Msg, Delivery], Awaitable[None]]
+"""A role's entry point: the runtime, the function it serves, the decoded message, its delivery."""

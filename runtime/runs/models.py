@@ -1,0 +1,95 @@
+"""The run's model: registered in the ``models`` bucket with its whole deployment, checked before a run.
+
+Every worker calling a model name reads its one entry, so whoever registers it (`gymbus collect`,
+`gymbus submit`, `gymbus model serve`) writes every setting, and says who it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import aiohttp
+from nats.js import JetStreamContext
+
+from runtime.errors import InputError
+from runtime.model.endpoints import register
+from runtime.runs.config import ModelConfig
+
+CHECK_TIMEOUT_S = 5.0
+SIMULATOR_OWNER = "gymbus-simulated-policy"
+"""``owned_by`` of the simulated policy's model list: how a run tells it from a model."""
+
+
+def urls_of(base_url: str | None) -> list[str]:
+    return [u.strip().rstrip("/") for u in (base_url or "").split(",") if u.strip()]
+
+
+async def register_model(js: JetStreamContext, m: ModelConfig, urls: list[str], writer: str) -> None:
+    """Register ``m`` served at ``urls``, with all its client settings."""
+    await register(
+        js, m.name, urls, m.api, reasoning=m.reasoning, timeout_s=m.timeout_s, attempts=m.attempts, written_by=writer
+    )
+
+
+def writer(command: str) -> str:
+    return f"gymbus {command} (pid {os.getpid()}, {' '.join(sys.argv[1:3])})"
+
+
+async def check_endpoints(urls: list[str], model: str) -> dict[str, Any]:
+    """Ask every endpoint for its model list (``GET <url>/models``); InputError naming the URL and what
+    went wrong if one does not answer as an OpenAI-compatible server serving ``model``. Returns what
+    the run folder records of them."""
+    owners: set[str] = set()
+    headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"} if os.environ.get("OPENAI_API_KEY") else {}
+    timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
+        for url in urls:
+            owners |= await _check_one(http, url, model)
+    return {"endpoints": urls, "simulated_policy": owners == {SIMULATOR_OWNER} if owners else None}
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {CHECK_TIMEOUT_S:g} s"
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    return str(cause) or type(cause).__name__
+
+
+async def describe_endpoints(urls: list[str], model: str) -> dict[str, Any]:
+    """What a run records of endpoints it did not start (a shared deployment's): like `check_endpoints`,
+    but an endpoint that does not answer here leaves ``simulated_policy`` unknown instead of failing."""
+    try:
+        return await check_endpoints(urls, model)
+    except InputError:
+        return {"endpoints": urls, "simulated_policy": None}
+
+
+async def _check_one(http: aiohttp.ClientSession, url: str, model: str) -> set[str]:
+    fix = "(model.base_url in the config, or --model-url; --no-check skips this check)"
+    try:
+        async with http.get(f"{url}/models") as resp:
+            status, body = resp.status, await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise InputError(f"model endpoint {url} does not answer: {_why(exc)} {fix}") from None
+    if status != 200:
+        raise InputError(
+            f"model endpoint {url}: GET {url}/models answered HTTP {status}, not an OpenAI-compatible model list "
+            f"(a base URL usually ends in /v1) {fix}"
+        )
+    try:
+        served = json.loads(body)["data"]
+        ids = {str(m["id"]) for m in served}
+    except (ValueError, KeyError, TypeError):
+        raise InputError(f"model endpoint {url}: GET {url}/models did not return an OpenAI model list {fix}") from None
+    if model not in ids:
+        shown = ", ".join(sorted(ids)[:5]) + (" ..." if len(ids) > 5 else "")
+        raise InputError(
+            f"model endpoint {url} does not serve model {model!r} (it serves: {shown}): set model.name to the "
+            f"served model name {fix}"
+        )
+    return {str(m.get("owned_by", "")) for m in served if str(m.get("id")) == model}

@@ -1,0 +1,103 @@
+"""What a run is, known before anything starts: everything that can be refused is refused here."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any
+
+from nats.js import JetStreamContext
+
+from broker import names, topology
+from broker.schemas import RunIdentity
+from runtime.errors import InputError
+from runtime.runs import identity as identities
+from runtime.runs.config import RunConfig
+from runtime.runs.models import check_endpoints, urls_of
+from runtime.runs.tasks import TaskRow, read_tasks
+from runtime.sdk import Agent, Environment, Function, load
+
+log = logging.getLogger("gymbus.collect")
+
+Key = tuple[int, int]
+"""(task_index, rollout_index)"""
+
+
+def new_run_id() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+@dataclass
+class Plan:
+    """What a run is, known before anything starts."""
+
+    cfg: RunConfig
+    run_id: str
+    tasks: list[TaskRow]
+    identity: RunIdentity
+    env: Environment | None
+    """The environment, for its tool specs (None with --nats when it is not importable here)."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """What the pre-flight check learnt of the model endpoints (for metadata.json)."""
+
+    @cached_property
+    def expected(self) -> set[Key]:
+        return {(t.index, k) for t in self.tasks for k in range(self.cfg.repeats)}
+
+    @cached_property
+    def rows(self) -> dict[int, dict[str, Any] | None]:
+        return {t.index: t.row for t in self.tasks}
+
+
+async def prepare(cfg: RunConfig, run_id: str | None, *, check_model: bool = True) -> Plan:
+    """Everything that can be refused before a run touches the disk or a broker; InputError names it."""
+    try:
+        run_id = names.check("run id", run_id) if run_id else new_run_id()
+    except names.InvalidName as exc:
+        raise InputError(f"--run-id: {exc}") from None
+    tasks = read_tasks(cfg.input, cfg.limit)
+    env = _load_functions(cfg)
+    plan = Plan(cfg, run_id, tasks, identities.identity_of(cfg), env)
+    urls = urls_of(cfg.model.base_url)
+    if urls and check_model:
+        plan.model = await check_endpoints(urls, cfg.model.name)
+    return plan
+
+
+def _load_functions(cfg: RunConfig) -> Environment | None:
+    """The environment (and, for a local run, the agent) the run names, checked to be what it says."""
+    try:
+        env = _load(cfg.env_ref or cfg.env, "env", cfg.env, Environment)
+    except InputError as exc:
+        if not cfg.nats:
+            raise
+        log.warning("%s; tasks keep their own tools", exc)
+        env = None
+    if not cfg.nats:
+        _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent)
+    return env  # type: ignore[return-value]
+
+
+def _load(ref: str, key: str, name: str, kind: type) -> Function:
+    try:
+        fn = load(ref)
+    except (LookupError, ImportError) as exc:
+        raise InputError(f"{key} {name!r}: {exc} (functions/<name>/, or {key}_ref: module:OBJECT)") from None
+    if not isinstance(fn, kind):
+        raise InputError(f"{key} {name!r} is an {type(fn).__name__.lower()}, not an {kind.__name__.lower()}")
+    if fn.name != name:
+        raise InputError(f"{key} {name!r} loads a function named {fn.name!r}: set {key}: {fn.name}")
+    return fn
+
+
+async def check_served(js: JetStreamContext, cfg: RunConfig) -> None:
+    """With a remote broker, refuse to submit to functions no worker has ever served."""
+    for role, name in (("agent", cfg.agent), ("tool", cfg.env), ("verify", cfg.env)):
+        if not await topology.has_consumer(js, role, name):  # type: ignore[arg-type]
+            subject = topology.subject(role, name)  # type: ignore[arg-type]
+            raise InputError(
+                f"no worker serves {subject} (it has no consumer yet): start one with `gymbus worker {name} --nats URL`"
+            )

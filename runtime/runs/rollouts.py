@@ -1,0 +1,112 @@
+"""Which rollouts of a run still need a Start, and publishing them.
+
+A rollout that has a Result is never submitted again; one still in flight within its deadline is
+left alone (its messages are in the broker); one whose Result was deleted, or that is stuck past
+its deadline, is submitted again as a new attempt. Every Start carries its deterministic message
+id, so submitting twice publishes nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.errors import MaxPayloadError
+from nats.js import JetStreamContext
+
+from broker import topology
+from broker.publish import publish
+from broker.schemas import encoder, parse_session_id, session_id
+from broker.sessions import SessionStore
+from runtime.engine import deadletters
+from runtime.engine.failures import publish_orphan_failure
+from runtime.errors import InputError
+from runtime.runs.config import RunConfig
+from runtime.runs.tasks import TaskRow, build_start
+from runtime.sdk import Environment
+from runtime.telemetry.spans import RolloutSpans
+
+log = logging.getLogger("gymbus.collect")
+
+Key = tuple[int, int]
+"""(task_index, rollout_index)"""
+
+
+async def plan(js: JetStreamContext, missing: list[Key], run_id: str, fresh: bool, now: float) -> dict[Key, int]:
+    """The attempt to submit per missing rollout; rollouts still in flight within their deadline are skipped."""
+    if fresh:
+        return {key: 0 for key in missing}
+    store, sem = SessionStore(js), asyncio.Semaphore(64)
+
+    async def decide(key: Key) -> tuple[Key, int | None]:
+        async with sem:
+            loaded = await store.get(session_id(run_id, *key))
+        if loaded is None:
+            return key, 0
+        s, _ = loaded
+        if s.phase == "done":  # finished, but its Result is gone: run it again
+            return key, s.attempt + 1
+        if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
+            return key, s.attempt + 1
+        return key, None  # still in flight
+
+    decided = await asyncio.gather(*(decide(k) for k in missing))
+    return {k: a for k, a in decided if a is not None}
+
+
+async def publish_starts(
+    js: JetStreamContext,
+    cfg: RunConfig,
+    run_id: str,
+    tasks: dict[int, TaskRow],
+    attempts: dict[Key, int],
+    env: Environment | None,
+    roots: RolloutSpans | None = None,
+) -> int:
+    """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
+    over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
+    tool_specs = env.tool_specs() if (env is not None and cfg.env_tools) else None
+    sem = asyncio.Semaphore(256)
+    subject = topology.agent_subject(cfg.agent)
+
+    async def one(task_index: int, rollout: int, attempt: int) -> None:
+        task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
+        sid = session_id(run_id, task_index, rollout)
+        async with sem:
+            if task.row is None:  # unreadable row: its rollouts fail here, with the reason
+                await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
+                return
+            start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
+            try:
+                with roots.submitting(start, sid) if roots else contextlib.nullcontext():
+                    await publish(js, subject, start, f"{sid}:start:{attempt}")
+            except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
+                reason = (
+                    f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
+                    f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
+                )
+                await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
+
+    await asyncio.gather(*(one(t, r, a) for (t, r), a in sorted(attempts.items())))
+    return len(attempts)
+
+
+async def replay(js: JetStreamContext, run_id: str, seqs: list[int]) -> dict[Key, int]:
+    """Re-submit dead-lettered rollouts of the run (``seqs``; empty: all of them); returns the attempt
+    each now waits for. InputError, before anything is re-submitted, if a seq is not one of the run's."""
+    letters = await deadletters.letters(js, run_id=run_id)
+    unknown = sorted(set(seqs) - {x.seq for x in letters})
+    if unknown:
+        have = ", ".join(str(x.seq) for x in letters) or "none"
+        raise InputError(f"no dead letter {unknown[0]} in run {run_id!r} (its dead letters: {have})")
+    chosen = [x for x in letters if not seqs or x.seq in seqs]
+    if not chosen:
+        raise InputError(f"run {run_id!r} has no dead letters to replay")
+    wanted = {}
+    for done in await deadletters.replay(js, chosen):
+        log.warning("replay of dead letter %d (%s): %s", done.seq, done.session_id, done.note)
+        if done.attempt is not None and done.session_id:
+            _, task, rollout = parse_session_id(done.session_id)
+            wanted[(task, rollout)] = done.attempt
+    return wanted

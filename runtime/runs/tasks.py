@@ -1,0 +1,85 @@
+"""Task rows: read from a JSONL file, and turned into the Start messages of a run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.schemas import Start
+from runtime.errors import InputError
+from runtime.runs.config import RunConfig
+
+
+@dataclass
+class TaskRow:
+    index: int
+    row: dict[str, Any] | None
+    error: str | None = None
+    """Why the line is not a task (then ``row`` is None): its rollouts fail with this reason."""
+
+
+def read_tasks(path: str | Path, limit: int | None = None) -> list[TaskRow]:
+    """Task rows in file order; a line that is not a JSON object becomes a row with an error.
+    InputError if the file is missing or holds no line at all."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"input file {str(p)!r} does not exist (input: in the config, or --input)")
+    rows: list[TaskRow] = []
+    with p.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if limit is not None and len(rows) >= limit:
+                break
+            rows.append(_row(p.name, lineno, len(rows), line))
+    if not rows:
+        raise InputError(f"input file {str(p)!r} holds no task rows (one JSON object per line)")
+    return rows
+
+
+def _row(name: str, lineno: int, index: int, line: str) -> TaskRow:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return TaskRow(index, None, f"{name} line {lineno} is not valid JSON: {exc}")
+    if not isinstance(row, dict):
+        return TaskRow(index, None, f"{name} line {lineno} is a JSON {type(row).__name__}, not an object")
+    return TaskRow(index, row)
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (what a run's identity records of its input)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_start(
+    cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attempt: int, tool_specs: list[dict[str, Any]] | None
+) -> Start:
+    """The Start of one rollout of a task row: the row's create params (the config's sampling under the
+    row's own values, the environment's tools when the row lists none) and its verifier fields as meta."""
+    assert task.row is not None
+    meta = {k: v for k, v in task.row.items() if k != "responses_create_params"}
+    params = task.row.get("responses_create_params")
+    if isinstance(params, dict):
+        params = {**cfg.sampling, **params}
+        if tool_specs and "tools" not in params:
+            params["tools"] = tool_specs
+    return Start(
+        run_id=run_id,
+        task_index=task.index,
+        rollout_index=rollout,
+        attempt=attempt,
+        agent=cfg.agent,
+        env=cfg.env,
+        model=cfg.model.name,
+        responses_create_params=params,  # type: ignore[arg-type]  # a wrong type fails at the agent, naming the field
+        meta=meta,
+        options=cfg.limits.options(),
+    )
