@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from broker.schemas import Result, Timings, Usage, parse_session_id
+from broker.schemas import FailureKind, Result, Timings, Usage, parse_session_id
 
 
 def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
@@ -41,7 +41,7 @@ class _Row(msgspec.Struct, kw_only=True):
     rollout_index: int
     attempt: int = 0
     reward: float | None = None
-    failure_kind: str | None = None
+    failure_kind: FailureKind | None = None
     failure_reason: str | None = None
     verifier: dict[str, Any] = {}
     timings: dict[str, Any] = {}
@@ -66,7 +66,7 @@ def result_from_row(row: dict[str, Any]) -> Result:
         rollout_index=r.rollout_index,
         attempt=r.attempt,
         reward=r.reward,
-        failure_kind=r.failure_kind,  # type: ignore[arg-type]
+        failure_kind=r.failure_kind,
         failure_reason=r.failure_reason,
         verifier=r.verifier,
         output=r.response.get("output") or [],

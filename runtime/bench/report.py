@@ -133,7 +133,7 @@ def _cell(f: dict[str, Any], key: str | None, fmt: str) -> str:
     if key is None:
         return f"{f['stored']}/{f['submitted']}" + (f" ({f['failed']} failed)" if f["failed"] else "")
     value = f.get(key)
-    if key == "cpu_s_per_rollout":
+    if key == "cpu_s_per_rollout" and value is not None:
         value = value * 1000
     return "-" if value is None else fmt.format(value)
 

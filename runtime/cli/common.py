@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -43,7 +43,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     if os.environ.get("GYMBUS_UVLOOP") == "1":
         import uvloop
 
-        return uvloop.run(main)  # type: ignore[no-any-return]
+        return uvloop.run(main)
     return asyncio.run(main)
 
 
@@ -54,10 +54,10 @@ def need_nats(nats: str | None, alternative: str = "") -> str:
     return nats
 
 
-def with_broker(nats: str | None, run_dir: Path | None, fn: Callable[[str], Awaitable[T]]) -> T:
+def with_broker(nats: str | None, run_dir: Path | None, fn: Callable[[str], Coroutine[Any, Any, T]]) -> T:
     """Run ``fn(url)`` against --nats, or against a run folder's embedded broker started for the purpose."""
     if nats:
-        return run(fn(nats))  # type: ignore[arg-type]
+        return run(fn(nats))
     if run_dir is None:
         raise UsageError("no broker: give --nats URL or --run-dir runs/<run_id>")
     if not (run_dir / "broker").is_dir():
@@ -65,4 +65,4 @@ def with_broker(nats: str | None, run_dir: Path | None, fn: Callable[[str], Awai
     from broker.server import EmbeddedServer
 
     with EmbeddedServer(run_dir / "broker", log_file=run_dir / "logs" / "nats-server.log") as broker:
-        return run(fn(broker.url))  # type: ignore[arg-type]
+        return run(fn(broker.url))

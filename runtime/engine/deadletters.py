@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from nats.js import JetStreamContext
@@ -47,6 +47,7 @@ async def dead_letter(
     sid: str | None,
 ) -> None:
     """Keep a message on ``gym.dead.<function>``; idempotent per work-stream sequence."""
+    encoding: Literal["utf-8", "base64"]
     try:
         payload, encoding = data.decode(), "utf-8"
     except UnicodeDecodeError:
@@ -60,7 +61,7 @@ async def dead_letter(
         error=error,
         session_id=sid,
         payload=payload,
-        payload_encoding=encoding,  # type: ignore[arg-type]
+        payload_encoding=encoding,
         headers=dict(headers or {}),
         dead_at=time.time(),
     )

@@ -242,7 +242,7 @@ class Simulator:
             call = {"type": "function_call", "id": f"fc_{n}", "call_id": self._call_id(), "name": name}
             return [*output, {**call, "arguments": json.dumps(args), "status": "completed"}]
         text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
-        content = [{"type": "output_text", "text": text, "annotations": []}]
+        content: list[dict[str, Any]] = [{"type": "output_text", "text": text, "annotations": []}]
         message = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed"}
         return [*output, {**message, "content": content}]
 

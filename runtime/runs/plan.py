@@ -7,18 +7,19 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
 from broker import names, topology
 from broker.schemas import RunIdentity
+from broker.topology import Role
 from runtime.errors import InputError
 from runtime.runs import identity as identities
 from runtime.runs.config import RunConfig
 from runtime.runs.models import check_endpoints, urls_of
 from runtime.runs.tasks import TaskRow, read_tasks
-from runtime.sdk import Agent, Environment, Function, load
+from runtime.sdk import Agent, Environment, load
 
 log = logging.getLogger("gymbus.collect")
 
@@ -69,6 +70,7 @@ async def prepare(cfg: RunConfig, run_id: str | None, *, check_model: bool = Tru
 
 def _load_functions(cfg: RunConfig) -> Environment | None:
     """The environment (and, for a local run, the agent) the run names, checked to be what it says."""
+    env: Environment | None
     try:
         env = _load(cfg.env_ref or cfg.env, "env", cfg.env, Environment)
     except InputError as exc:
@@ -78,10 +80,13 @@ def _load_functions(cfg: RunConfig) -> Environment | None:
         env = None
     if not cfg.nats:
         _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent)
-    return env  # type: ignore[return-value]
+    return env
 
 
-def _load(ref: str, key: str, name: str, kind: type) -> Function:
+F = TypeVar("F", Agent, Environment)
+
+
+def _load(ref: str, key: str, name: str, kind: type[F]) -> F:
     try:
         fn = load(ref)
     except (LookupError, ImportError) as exc:
@@ -95,9 +100,10 @@ def _load(ref: str, key: str, name: str, kind: type) -> Function:
 
 async def check_served(js: JetStreamContext, cfg: RunConfig) -> None:
     """With a remote broker, refuse to submit to functions no worker has ever served."""
-    for role, name in (("agent", cfg.agent), ("tool", cfg.env), ("verify", cfg.env)):
-        if not await topology.has_consumer(js, role, name):  # type: ignore[arg-type]
-            subject = topology.subject(role, name)  # type: ignore[arg-type]
+    served: list[tuple[Role, str]] = [("agent", cfg.agent), ("tool", cfg.env), ("verify", cfg.env)]
+    for role, name in served:
+        if not await topology.has_consumer(js, role, name):
+            subject = topology.subject(role, name)
             raise InputError(
                 f"no worker serves {subject} (it has no consumer yet): start one with `gymbus worker {name} --nats URL`"
             )
