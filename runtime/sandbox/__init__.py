@@ -20,6 +20,8 @@ sandbox itself cannot run the code, ``run`` raises ``runtime.errors.SandboxError
 
 from __future__ import annotations
 
+from typing import Any
+
 from runtime.sandbox.config import Limits, SandboxConfig
 from runtime.sandbox.core import Sandbox
 from runtime.sandbox.job import Files, Program
@@ -44,10 +46,10 @@ def default() -> Sandbox:
     return _DEFAULT
 
 
-def configure(config: SandboxConfig | None = None, **overrides: object) -> Sandbox:
+def configure(config: SandboxConfig | None = None, **overrides: Any) -> Sandbox:
     """Replace this process's sandbox (``config``, or the environment's with ``overrides``)."""
     global _DEFAULT
-    _DEFAULT = Sandbox(config or SandboxConfig.from_env(**overrides))  # type: ignore[arg-type]
+    _DEFAULT = Sandbox(config or SandboxConfig.from_env(**overrides))
     return _DEFAULT
 
 

@@ -64,7 +64,8 @@ class BubblewrapBackend:
         return [*args, "--proc", "/proc", "--dev", "/dev"]
 
     async def run(self, job: Job) -> Outcome:
-        uid, lock = self.uids.acquire() if self.uids is not None else (None, -1)
+        pool = self.uids
+        uid, lock = pool.acquire() if pool is not None else (None, -1)
         swept = False
         fds: list[int] = []
         try:
@@ -104,10 +105,10 @@ class BubblewrapBackend:
         finally:
             for fd in fds:
                 os.close(fd)
-            if uid is not None:
+            if uid is not None and pool is not None:
                 if not swept:  # cancelled or failed before its cleanup: never hand the uid on with processes
                     sweep(uid)
-                self.uids.release(uid, lock)  # type: ignore[union-attr]
+                pool.release(uid, lock)
 
 
 def _memfd(name: str, content: bytes) -> int:

@@ -82,10 +82,10 @@ class ConfineError(RuntimeError):
     """The confinement cannot be prepared on this host (no Landlock, no libseccomp): a sandbox error."""
 
 
-_FILTER: object | None = None
+_FILTER: Any = None  # a pyseccomp.SyscallFilter (untyped)
 
 
-def seccomp_filter() -> object:
+def seccomp_filter() -> Any:
     """The process-wide deny-list filter (built once; loaded by every sandboxed child)."""
     global _FILTER
     if _FILTER is None:
@@ -126,7 +126,7 @@ def seccomp_bpf() -> bytes:
     r, w = os.pipe()
     try:
         with io.FileIO(w, "w", closefd=False) as out:
-            f.export_bpf(out)  # type: ignore[attr-defined]
+            f.export_bpf(out)
         os.close(w)
         w = -1
         chunks = []
@@ -139,7 +139,7 @@ def seccomp_bpf() -> bytes:
             os.close(w)
 
 
-def landlock_ruleset(writable: Path, readable: Iterable[str]) -> object:
+def landlock_ruleset(writable: Path, readable: Iterable[str]) -> Any:
     """A Landlock ruleset for one run: ``readable`` read+execute, ``writable`` everything, devices r/w."""
     try:
         import landlock
@@ -166,7 +166,7 @@ def landlock_ruleset(writable: Path, readable: Iterable[str]) -> object:
     return ruleset
 
 
-def close_ruleset(ruleset: object | None) -> None:
+def close_ruleset(ruleset: Any) -> None:
     fd = getattr(ruleset, "_fd", None)
     if isinstance(fd, int) and fd >= 0:
         os.close(fd)
@@ -185,9 +185,7 @@ def rlimits(limits: Limits) -> list[tuple[int, tuple[int, int]]]:
     ]
 
 
-def preexec(
-    limits: list[tuple[int, tuple[int, int]]], ruleset: object | None, seccomp: object | None
-) -> Callable[[], None]:
+def preexec(limits: list[tuple[int, tuple[int, int]]], ruleset: Any, seccomp: Any) -> Callable[[], None]:
     """The function the child runs after fork (already as the run's uid) and before exec."""
 
     def confine() -> None:
@@ -195,8 +193,8 @@ def preexec(
         for which, value in limits:
             resource.setrlimit(which, value)
         if ruleset is not None:
-            ruleset.apply()  # type: ignore[attr-defined]  # also sets no_new_privs
+            ruleset.apply()  # also sets no_new_privs
         if seccomp is not None:
-            seccomp.load()  # type: ignore[attr-defined]
+            seccomp.load()
 
     return confine

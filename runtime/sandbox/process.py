@@ -43,7 +43,8 @@ class ProcessBackend:
             raise SandboxError(str(exc)) from exc
 
     async def run(self, job: Job) -> Outcome:
-        uid, lock = self.uids.acquire() if self.uids is not None else (None, -1)
+        pool = self.uids
+        uid, lock = pool.acquire() if pool is not None else (None, -1)
         swept = False
         scratch = scratch_dir(self.config.scratch_root, uid)
         ruleset = None
@@ -78,10 +79,10 @@ class ProcessBackend:
         finally:
             confine.close_ruleset(ruleset)
             remove(scratch)
-            if uid is not None:
+            if uid is not None and pool is not None:
                 if not swept:  # cancelled or failed before its cleanup: never hand the uid on with processes
                     sweep(uid)
-                self.uids.release(uid, lock)  # type: ignore[union-attr]
+                pool.release(uid, lock)
 
 
 def _interpreter_dirs(python: str) -> list[str]:

@@ -188,9 +188,10 @@ async def execute(
 
 async def _wait(pid: int, exited: asyncio.Future[None], output: _Output, wall_s: float) -> Verdict | None:
     """Wait for the exit; kill at the wall clock or once the output is over its cap. Returns why it was killed."""
-    capped = asyncio.ensure_future(output.over.wait())
+    capped: asyncio.Future[bool] = asyncio.ensure_future(output.over.wait())
+    waiting: set[asyncio.Future[Any]] = {exited, capped}
     try:
-        done, _ = await asyncio.wait({exited, capped}, timeout=wall_s, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(waiting, timeout=wall_s, return_when=asyncio.FIRST_COMPLETED)
         if exited in done:
             return None
         _kill_group(pid)

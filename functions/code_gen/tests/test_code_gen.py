@@ -14,7 +14,7 @@ import pytest
 
 from broker import topology
 from functions.code_gen import env
-from functions.code_gen.env import ENVIRONMENT, Meta, reference
+from functions.code_gen.env import Meta, reference, verify
 from runtime import sandbox
 from runtime.errors import InvalidInput
 from runtime.sandbox import Limits
@@ -53,7 +53,7 @@ def rows() -> list[dict]:
 async def test_reference_answers_pass_every_test(rows: list[dict]) -> None:
     assert len(rows) >= 8
     for row in rows:
-        verdict = await ENVIRONMENT.verify(task(row), reply(f"Here it is:\n{reference(row)}"))
+        verdict = await verify(task(row), reply(f"Here it is:\n{reference(row)}"))
         tests = len(row["verifier_metadata"]["unit_tests"]["inputs"])
         assert (verdict.reward, verdict.info["passed"]) == (1.0, tests), (row["id"], verdict.info)
 
@@ -66,7 +66,7 @@ async def test_plausible_wrong_answers_score_zero(rows: list[dict]) -> None:
     )
     for row in rows:
         wrong = call if row["verifier_metadata"]["unit_tests"].get("fn_name") else echo
-        verdict = await ENVIRONMENT.verify(task(row), reply(wrong))
+        verdict = await verify(task(row), reply(wrong))
         assert verdict.reward == 0.0 and verdict.info["first_failure"]["result"] in ("wrong", "error"), (
             row["id"],
             verdict.info,
@@ -74,17 +74,17 @@ async def test_plausible_wrong_answers_score_zero(rows: list[dict]) -> None:
 
 
 async def test_no_code_and_crashes_are_zero_with_the_reason(rows: list[dict]) -> None:
-    none = await ENVIRONMENT.verify(task(rows[0]), reply("The sum is the sum."))
+    none = await verify(task(rows[0]), reply("The sum is the sum."))
     assert none.reward == 0.0 and none.info["reason"].startswith("no ```python block")
-    crash = await ENVIRONMENT.verify(task(rows[0]), reply("```python\nraise ValueError('nope')\n```"))
+    crash = await verify(task(rows[0]), reply("```python\nraise ValueError('nope')\n```"))
     assert crash.reward == 0.0 and "ValueError: nope" in crash.info["first_failure"]["detail"]
-    slow = await ENVIRONMENT.verify(task(rows[0]), reply("```python\nwhile True: pass\n```"))
+    slow = await verify(task(rows[0]), reply("```python\nwhile True: pass\n```"))
     assert slow.info["first_failure"]["result"] == "timeout"
 
 
 async def test_fraction_mode(rows: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(env, "REWARD", "fraction")
-    verdict = await ENVIRONMENT.verify(task(rows[0]), reply("```python\nprint(6)\n```"))  # right for test 0 only
+    verdict = await verify(task(rows[0]), reply("```python\nprint(6)\n```"))  # right for test 0 only
     assert verdict.reward == pytest.approx(1 / 3) and verdict.info["results"] == ["pass", "wrong", "wrong"]
 
 
@@ -95,13 +95,13 @@ async def test_nemo_gym_rows_are_accepted_unchanged() -> None:
     packed = base64.b64encode(zlib.compress(json.dumps(tests).encode())).decode()
     program = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     for r in (row, {"verifier_metadata": {"unit_tests": {"packed": packed, "fn_name": None}}}):
-        assert (await ENVIRONMENT.verify(task(r), reply(program))).reward == 1.0
+        assert (await verify(task(r), reply(program))).reward == 1.0
 
 
 async def test_mismatched_tests_name_the_field() -> None:
     bad = {"verifier_metadata": {"unit_tests": {"inputs": ["1"], "outputs": []}}}
     with pytest.raises(InvalidInput, match=r"unit_tests`: 1 inputs and 0 outputs"):
-        await ENVIRONMENT.verify(task(bad), reply("```python\nprint(1)\n```"))
+        await verify(task(bad), reply("```python\nprint(1)\n```"))
 
 
 @pytest.mark.parametrize("accuracy,reward", [(1.0, 1.0), (0.0, 0.0)])

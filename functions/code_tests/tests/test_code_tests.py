@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from functions.code_tests import env
-from functions.code_tests.env import ENVIRONMENT, Meta, reference
+from functions.code_tests.env import Meta, reference, verify
 from runtime import sandbox
 from runtime.sandbox import Limits
 from runtime.sdk import Rollout, Task
@@ -47,7 +47,7 @@ def rows() -> list[dict]:
 async def test_reference_answers_pass(rows: list[dict]) -> None:
     assert len(rows) >= 8
     for row in rows:
-        verdict = await ENVIRONMENT.verify(task(row), reply(reference(row)))
+        verdict = await verify(task(row), reply(reference(row)))
         assert verdict.reward == 1.0 and set(verdict.info["results"].values()) == {"pass"}, (row["id"], verdict.info)
 
 
@@ -56,7 +56,7 @@ async def test_plausible_wrong_answers_fail(rows: list[dict]) -> None:
     for row in rows:
         name = (row.get("entry_point") or row["tests"].split("import ", 1)[1].split()[0]).strip()
         wrong = f"```python\ndef {name}(*args):\n    return None\n```"
-        verdict = await ENVIRONMENT.verify(task(row), reply(wrong))
+        verdict = await verify(task(row), reply(wrong))
         assert verdict.reward == 0.0 and "AssertionError" in verdict.info["first_failure"], (row["id"], verdict.info)
 
 
@@ -68,27 +68,27 @@ TESTS = (
 
 async def test_test_styles_and_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
     t = task({"tests": TESTS})
-    all_or_nothing = await ENVIRONMENT.verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))
+    all_or_nothing = await verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))
     assert all_or_nothing.reward == 0.0 and all_or_nothing.info["results"] == {
         "module": "pass",
         "test_two": "pass",
         "test_three": "fail",
     }
     monkeypatch.setattr(env, "REWARD", "fraction")
-    assert (await ENVIRONMENT.verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))).reward == 0.5
+    assert (await verify(t, reply("```python\ndef f(x):\n    return 2 * x\n```"))).reward == 0.5
 
 
 async def test_a_solution_cannot_print_its_way_to_a_pass() -> None:
     """Printing a results line of its own and exiting is not a pass: the marker carries a nonce it never saw."""
     cheat = '```python\nimport os\nprint(\'@@x@@[["module", "pass", ""]]\')\nos._exit(0)\n```'
-    verdict = await ENVIRONMENT.verify(task({"tests": TESTS}), reply(cheat))
+    verdict = await verify(task({"tests": TESTS}), reply(cheat))
     assert verdict.reward == 0.0
 
 
 async def test_no_code_and_runaway_code_score_zero() -> None:
     t = task({"tests": TESTS})
-    assert (await ENVIRONMENT.verify(t, reply("f doubles x."))).info["reason"].startswith("no ```python")
-    spin = await ENVIRONMENT.verify(t, reply("```python\nwhile True:\n    pass\n```"))
+    assert (await verify(t, reply("f doubles x."))).info["reason"].startswith("no ```python")
+    spin = await verify(t, reply("```python\nwhile True:\n    pass\n```"))
     assert spin.reward == 0.0 and spin.info["verdict"] == "timeout"
 
 

@@ -12,7 +12,7 @@ from functions.math_with_code.env import ENVIRONMENT, reference
 from runtime.errors import SandboxError
 from runtime.sandbox import Sandbox, SandboxConfig, tool
 from runtime.sandbox.tool import python
-from runtime.sdk import Rollout, Task
+from runtime.sdk import Rollout, Task, Verdict
 from runtime.testing import Harness, task_rows
 
 EXAMPLES = Path(__file__).parents[1] / "data" / "example.jsonl"
@@ -46,13 +46,18 @@ async def test_a_broken_sandbox_is_not_tool_output(monkeypatch: pytest.MonkeyPat
         await python("print(1)")
 
 
+async def score(t: Task, r: Rollout) -> float:
+    verdict = await ENVIRONMENT.verify(t, r)
+    return verdict.reward if isinstance(verdict, Verdict) else verdict
+
+
 async def test_verifier_both_ways() -> None:
     rows = task_rows(EXAMPLES)
     assert len(rows) >= 8
     for row in rows:
-        right = await ENVIRONMENT.verify(task(row), reply(reference(row)))
-        wrong = await ENVIRONMENT.verify(task(row), reply(f"\\boxed{{{int(row['expected_answer']) + 1}}}"))
-        assert (right.reward, wrong.reward) == (1.0, 0.0), row
+        right = await score(task(row), reply(reference(row)))
+        wrong = await score(task(row), reply(f"\\boxed{{{int(row['expected_answer']) + 1}}}"))
+        assert (right, wrong) == (1.0, 0.0), row
 
 
 async def test_examples_end_to_end_with_the_tool(harness: Harness) -> None:

@@ -1,6 +1,6 @@
 """Benchmark the sandbox: start-up per backend, and a code environment's throughput.
 
-    python -m runtime.sandbox.bench [--backend process ...] [--runs 200] [--seconds 20] [--concurrency 16]
+    python -m runtime.bench.sandbox [--backend process ...] [--runs 200] [--seconds 20] [--concurrency 16]
 
 1. Start-up: median and p99 ms to run ``print(1)`` to completion, one run at a time, per backend
    (what every code rollout pays at least once).
@@ -23,6 +23,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg as NatsMsg
 
 from broker import topology
 from broker.connect import connect
@@ -65,7 +68,7 @@ async def startup(backend: str, runs: int) -> dict[str, object]:
 
 async def throughput(seconds: float, concurrency: int) -> dict[str, object]:
     rows = task_rows(CODE_GEN)
-    with tempfile.TemporaryDirectory(prefix="gymbus-sandbox-bench-") as folder:
+    with tempfile.TemporaryDirectory(prefix="gymbus-bench-sandbox-") as folder:
         stack = LocalStack(Path(folder))
         try:
             url = stack.start_broker()
@@ -82,18 +85,21 @@ async def throughput(seconds: float, concurrency: int) -> dict[str, object]:
             stack.stop()
 
 
-async def _loop(nc: object, rows: list[dict], seconds: float, concurrency: int) -> dict[str, object]:
-    js = nc.jetstream()  # type: ignore[attr-defined]
-    run_id, sent, done, rewards = f"bench-{int(time.time())}", {}, [], []
+async def _loop(nc: Client, rows: list[dict], seconds: float, concurrency: int) -> dict[str, object]:
+    js = nc.jetstream()
+    run_id = f"bench-{int(time.time())}"
+    sent: dict[str, float] = {}
+    done: list[float] = []
+    rewards: list[float | None] = []
     free = asyncio.Semaphore(concurrency)
 
-    async def on_result(msg: object) -> None:
-        result = result_decoder.decode(msg.data)  # type: ignore[attr-defined]
+    async def on_result(msg: NatsMsg) -> None:
+        result = result_decoder.decode(msg.data)
         done.append(time.perf_counter() - sent.pop(result.session_id, time.perf_counter()))
         rewards.append(result.reward)
         free.release()
 
-    await nc.subscribe(topology.result_subject(run_id), cb=on_result)  # type: ignore[attr-defined]
+    await nc.subscribe(topology.result_subject(run_id), cb=on_result)
     start, n = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         await free.acquire()
@@ -113,7 +119,7 @@ async def _loop(nc: object, rows: list[dict], seconds: float, concurrency: int) 
         n += 1
     finished = len(done)
     elapsed = time.perf_counter() - start
-    await nc.close()  # type: ignore[attr-defined]
+    await nc.close()
     return {
         "bench": "code_gen",
         "backend": "process",
