@@ -3,7 +3,8 @@
     python -m runtime.bench.sandbox [--backend process ...] [--runs 200] [--seconds 20] [--concurrency 16]
 
 1. Start-up: median and p99 ms to run ``print(1)`` to completion, one run at a time, per backend
-   (what every code rollout pays at least once).
+   (what every code rollout pays at least once), and the CPU ms each run costs the host (this
+   process and the sandboxed processes; not the Docker engine's), which load elsewhere does not inflate.
 2. Throughput: ``code_gen`` at C rollouts in flight (a closed loop: a new Start for every Result)
    through the real stack ``gymbus collect`` starts (embedded broker, the simulated policy answering
    every task with its reference solution, one worker process per function), process backend:
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -46,22 +48,31 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _cpu_s() -> float:
+    """CPU of this process and its reaped children (the sandboxed runs; for docker, the engine's work is not here)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 async def startup(backend: str, runs: int) -> dict[str, object]:
     sandbox = Sandbox(SandboxConfig.from_env(backend=backend))
     for _ in range(3):  # warm: the backend's one-time setup, the page cache
         await sandbox.run("print(1)")
     times = []
+    cpu0 = _cpu_s()
     for _ in range(runs):
         t0 = time.perf_counter()
         outcome = await sandbox.run("print(1)")
         times.append((time.perf_counter() - t0) * 1000)
         assert outcome.stdout == "1\n", outcome
+    cpu_ms = (_cpu_s() - cpu0) / runs * 1000
     return {
         "bench": "startup",
         "backend": backend,
         "runs": runs,
         "median_ms": round(statistics.median(times), 1),
         "p99_ms": round(_pct(times, 0.99), 1),
+        "cpu_ms_per_run": round(cpu_ms, 1),
         "load_1m": round(os.getloadavg()[0], 2),
     }
 

@@ -38,7 +38,7 @@ class ProcessBackend:
             )
         self.uids = UidPool(config.uid_base, config.uid_count) if self.root else None
         try:
-            self.seccomp = confine.seccomp_filter()
+            self.seccomp = confine.compiled_filter()
         except confine.ConfineError as exc:
             raise SandboxError(str(exc)) from exc
 

@@ -141,7 +141,14 @@ async def execute(
     program left behind can hold open; here the exit is the pidfd's, and the pipes are read apart."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    proc = _spawn(argv, backend, stdin, cwd, spawn)
+    spawning = asyncio.ensure_future(asyncio.to_thread(_spawn, argv, backend, stdin, cwd, spawn))  # off the loop
+    try:
+        proc = await asyncio.shield(spawning)
+    except asyncio.CancelledError:  # cancelled while forking: never leave the child running
+        started_proc = await spawning
+        _kill_group(started_proc.pid)
+        started_proc.wait()
+        raise
     assert proc.stdout is not None and proc.stderr is not None
     output = _Output(limits.output_bytes)
     pipes = [
