@@ -123,6 +123,21 @@ def _spawn(argv: Sequence[str], backend: str, stdin: bytes, cwd: str, spawn: dic
         raise SandboxError(f"{backend} sandbox could not start {argv[0]!r}: {exc}") from exc
 
 
+async def _start(
+    argv: Sequence[str], backend: str, stdin: bytes, cwd: str, spawn: dict[str, Any]
+) -> subprocess.Popen[bytes]:
+    """Fork and exec in a thread (about 10 ms the event loop need not wait); cancelled meanwhile, the
+    child is killed as soon as it exists, never left running."""
+    spawning = asyncio.ensure_future(asyncio.to_thread(_spawn, argv, backend, stdin, cwd, spawn))
+    try:
+        return await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        proc = await spawning
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+
+
 async def execute(
     argv: Sequence[str],
     *,
@@ -141,14 +156,7 @@ async def execute(
     program left behind can hold open; here the exit is the pidfd's, and the pipes are read apart."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    spawning = asyncio.ensure_future(asyncio.to_thread(_spawn, argv, backend, stdin, cwd, spawn))  # off the loop
-    try:
-        proc = await asyncio.shield(spawning)
-    except asyncio.CancelledError:  # cancelled while forking: never leave the child running
-        started_proc = await spawning
-        _kill_group(started_proc.pid)
-        started_proc.wait()
-        raise
+    proc = await _start(argv, backend, stdin, cwd, spawn)
     assert proc.stdout is not None and proc.stderr is not None
     output = _Output(limits.output_bytes)
     pipes = [
