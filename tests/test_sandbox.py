@@ -198,7 +198,8 @@ def test_fleet_admission_across_worker_processes(tmp_path: Path) -> None:
     """`gymbus collect` with two code_gen worker processes and GYMBUS_SANDBOX_FLEET_MAX=2: never more
     than 2 sandboxes at once, both slots used, and every run's admission wait in the traces."""
     config = tmp_path / "fleet.yaml"
-    text = (Path(__file__).parents[1] / "configs" / "code_gen.yaml").read_text()
+    configs = Path(__file__).parents[1] / "configs"
+    text = (configs / "code_gen.yaml").read_text().replace("input: ../", f"input: {configs.parent}/")
     config.write_text(text.replace("repeats: 4", "repeats: 2").replace("replicas: 1", "replicas: 2"))
     env = {**os.environ, "GYMBUS_SANDBOX_FLEET_MAX": "2", "GYMBUS_SANDBOX_WALL_S": "5"}
     cmd = [sys.executable, "-m", "runtime", "collect", str(config), "--output", str(tmp_path / "runs"), "--quiet"]
