@@ -7,8 +7,10 @@ Kubernetes example gives every pod (GYMBUS_STREAM_REPLICAS from its ConfigMap).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,9 +19,12 @@ import pytest
 import yaml
 
 from broker import topology
+from broker.connect import connect
 from broker.server import binary
 from conftest import MATH_TASKS
+from runtime.engine import audit
 from runtime.testing import Harness, task_rows
+from tests import fault_suite as fs
 from tests.compose_local import free_port
 from tests.compose_spec import ROOT
 
@@ -40,24 +45,48 @@ def node_config(i: int, store: Path, client: int, routes: list[int]) -> str:
     )
 
 
+class Cluster:
+    """Three nats-server processes routed to each other; any one can be SIGKILLed and started again."""
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.clients = [free_port() for _ in range(REPLICAS)]
+        self.routes = [free_port() for _ in range(REPLICAS)]
+        self.urls = [f"nats://127.0.0.1:{port}" for port in self.clients]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * REPLICAS
+
+    def start(self, i: int) -> None:
+        conf = self.store / f"n{i}.conf"
+        conf.write_text(node_config(i, self.store, self.clients[i], self.routes))
+        with open(self.store / f"n{i}.log", "ab") as log:
+            self.procs[i] = subprocess.Popen([binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        self.procs[i] = None
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc is not None:
+                proc.terminate()
+        for proc in self.procs:
+            if proc is not None:
+                proc.wait(10)
+
+
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[list[str]]:
-    clients, routes = [free_port() for _ in range(REPLICAS)], [free_port() for _ in range(REPLICAS)]
-    procs = []
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path)
     for i in range(REPLICAS):
-        conf = tmp_path / f"n{i}.conf"
-        conf.write_text(node_config(i, tmp_path, clients[i], routes))
-        log = open(tmp_path / f"n{i}.log", "wb")
-        procs.append(subprocess.Popen([binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT))
-    urls = [f"nats://127.0.0.1:{port}" for port in clients]
+        c.start(i)
     try:
-        await _meta_leader(urls[0])
-        yield urls
+        await _meta_leader(c.urls[0])
+        yield c
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        c.stop()
 
 
 async def _meta_leader(url: str, timeout: float = 30.0) -> None:
@@ -77,13 +106,13 @@ async def _meta_leader(url: str, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.2)
 
 
-async def test_replicated_topology_serves_rollouts(cluster: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_replicated_topology_serves_rollouts(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     assert REPLICAS == 3
     monkeypatch.setenv("GYMBUS_STREAM_REPLICAS", CONFIGMAP["GYMBUS_STREAM_REPLICAS"])
     limits = topology.Limits.from_env()
     harness = Harness(limits=limits)  # its own server is never started: the cluster stands in
-    harness.broker.url = cluster[0]  # workers connect to one node...
-    harness.nc = await nats.connect(cluster[1])  # ...the client to another
+    harness.broker.url = cluster.urls[0]  # workers connect to one node...
+    harness.nc = await nats.connect(cluster.urls[1])  # ...the client to another
     try:
         await topology.ensure(harness.js, limits)
         for config in topology.streams():
@@ -100,3 +129,73 @@ async def test_replicated_topology_serves_rollouts(cluster: list[str], monkeypat
         assert all(r.reward == 1.0 for r in results)
     finally:
         await harness.__aexit__(None, None, None)  # workers, client, simulated policy
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["node-restarted", "node-lost"])
+async def test_a_node_killed_mid_run_loses_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, restart: bool
+) -> None:
+    """kill -9 the node leading the work stream with rollouts in flight (then start it again, or
+    not): the other two keep a quorum of every R3 stream, clients move to them, and every rollout
+    still ends exactly once with its reward."""
+    monkeypatch.setenv("GYMBUS_STREAM_REPLICAS", CONFIGMAP["GYMBUS_STREAM_REPLICAS"])
+    limits = dataclasses.replace(topology.Limits.from_env(), ack_wait_s=2.0, max_deliver=20)
+    h = Harness(limits=limits)
+    h.broker.url = cluster.urls[0]
+    h.nc = await connect(cluster.urls[1], name="gymbus-test")
+    n = 120
+    try:
+        await topology.ensure(h.js, limits)
+        await h.simulate(MATH_TASKS, accuracy=0.6, latency_ms=50)
+        fleet = fs.Fleet(cluster.urls[0], {"simple_agent": 1, "math": 1}, tmp_path / "logs", fs.worker_env(limits))
+        fleet.start()
+        batch = fs.starts("nodekill", n)
+        try:
+            await fs.submit(h, batch)
+            await fs.wait_results(h, "nodekill", n // 3, timeout=120)
+            leader = (await h.js.stream_info(topology.WORK_STREAM)).cluster.leader  # type: ignore[union-attr]
+            victim = int(str(leader).removeprefix("n"))
+            cluster.kill(victim)
+            if restart:
+                await asyncio.sleep(2.0)
+                cluster.start(victim)
+            got = await fs.wait_results(h, "nodekill", n, timeout=180)
+            a = await _audit(h, "nodekill", fs.sids(batch))
+        finally:
+            fleet.stop()
+        print(f"killed n{victim} (leader of {topology.WORK_STREAM}), restarted={restart}: {got}/{n} results")
+        assert a.ok, a.problems()
+        assert a.stored == n and a.failures == Counter() and not a.lost and not a.duplicates
+        if restart:
+            await _caught_up(h, victim)
+    finally:
+        await h.__aexit__(None, None, None)
+
+
+async def _audit(h: Harness, run_id: str, expected: set[str], timeout: float = 60.0) -> audit.Audit:
+    """The auditor's reading, retried while a stream elects a new leader (reads time out meanwhile)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            return await fs.settle_and_audit(h, run_id, expected, set(), timeout=30)
+        except nats.errors.TimeoutError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+
+
+async def _caught_up(h: Harness, node: int, timeout: float = 60.0) -> None:
+    """The restarted node is a current replica of every stream again."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        behind = []
+        for config in topology.streams():
+            info = await h.js.stream_info(config.name or "")
+            peers = {p.name: p for p in info.cluster.replicas or []}  # type: ignore[union-attr]
+            me = peers.get(f"n{node}")
+            if info.cluster.leader != f"n{node}" and (me is None or not me.current):  # type: ignore[union-attr]
+                behind.append(config.name)
+        if not behind:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"n{node} is not current on {behind}"
+        await asyncio.sleep(0.5)
