@@ -262,19 +262,28 @@ class PowerCuts:
         return (0.8 * first, last)
 
     def trial(
-        self, run_id: str, rng: random.Random, *, cuts: int, window: tuple[float, float], by_progress: float = 0.5
+        self,
+        run_id: str,
+        rng: random.Random,
+        *,
+        cuts: int,
+        window: tuple[float, float] | None = None,
+        by_progress: float = 0.5,
     ) -> Trial:
         """Run ``run_id`` with up to ``cuts`` power cuts, then resume it to the end and check it.
 
-        Each cut's moment is drawn either (with probability ``by_progress``) as a number of Results
-        still to come before it (uniform over what is left), or as a time in ``window`` (seconds after
-        its collect started: start-up, submission, the run, the writing of the run folder)."""
+        Each cut's moment is drawn either (with probability ``by_progress``, always without a
+        ``window``) as a number of Results the collect shows before it (1 to what is left), or as a
+        time in ``window`` (seconds after its collect started: start-up, submission, the run, the
+        writing of the run folder)."""
         t = Trial(self.sync, run_id, rollouts=TASKS * self.repeats)
         t0 = time.monotonic()
         while len(t.cuts) < cuts:
-            left = t.rollouts - max((len(c.shown) for c in t.cuts), default=0)
-            moment = Moment(rows=rng.randrange(max(1, left))) if rng.random() < by_progress else Moment()
-            moment.at_s = None if moment.rows is not None else rng.uniform(*window)
+            left = max(1, t.rollouts - sum(len(c.shown) for c in t.cuts))
+            if window is None or rng.random() < by_progress:
+                moment = Moment(rows=rng.randint(1, left))
+            else:
+                moment = Moment(at_s=rng.uniform(*window))
             if self._collect(t, moment):
                 break
         if not self._collect(t, None):
@@ -452,6 +461,8 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
 def kind_of(path: str) -> str:
     """A store file's kind, e.g. ``streams/*/msgs/*.blk`` (how many cuts found such files unsynced)."""
     parts = path.split("/")
+    if parts[0].startswith("ports-"):
+        return "ports-*/*.ports"
     if "streams" in parts:
         i = parts.index("streams")
         parts = [*parts[: i + 1], "*", *parts[i + 2 :]]
