@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install quickstart test test-all lint faults clean
+.PHONY: install quickstart test test-all lint faults powercut clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gymbus needs Python 3.11+"'
@@ -32,6 +32,9 @@ lint: $(STAMP)
 
 faults: $(STAMP)
 	$(BIN)/python scripts/faults.py
+
+powercut: $(STAMP)
+	$(BIN)/python scripts/powercut.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
