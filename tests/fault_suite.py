@@ -25,7 +25,7 @@ from runtime.engine import audit
 from runtime.engine.deadletters import letters, replay
 from runtime.model.client import register
 from runtime.runs.stack import Process, gymbus_command
-from runtime.testing import Harness, task_rows
+from runtime.testing import Harness, start_message, task_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH_TASKS = ROOT / "functions" / "math" / "data" / "example.jsonl"
@@ -153,7 +153,13 @@ def worker_env(limits: topology.Limits, **extra: str) -> dict[str, str]:
 
 
 def starts(
-    run_id: str, n: int, *, env: str = "math", faults: dict[int, str] | None = None, **options: Any
+    run_id: str,
+    n: int,
+    *,
+    agent: str = "simple_agent",
+    env: str = "math",
+    faults: dict[int, str] | None = None,
+    **options: Any,
 ) -> list[Start]:
     """``n`` rollouts over the math examples (task i uses row i mod 24, repeat i div 24), with tools."""
     rows = task_rows(MATH_TASKS)
@@ -167,7 +173,8 @@ def starts(
         if faults and i in faults:
             meta["fault"] = faults[i]
         params = {**row["responses_create_params"], "tools": tools}
-        start = Harness.start({**meta, "responses_create_params": params}, run_id=run_id, env=env, **options)
+        row = {**meta, "responses_create_params": params}
+        start = start_message(row, agent=agent, env=env, run_id=run_id, **options)
         out.append(_with(start, task_index=i, rollout_index=i // len(rows)))
     return out
 
