@@ -29,6 +29,7 @@ FIELDS = {
 }
 
 
+@pytest.mark.slow  # ~30 s: four configurations of the real stack
 @pytest.mark.timeout(120)
 def test_quick_bench_completes_every_rollout(tmp_path: Path) -> None:
     """`python -m runtime.bench --quick`: one JSON line per configuration, every rollout stored and scored."""

@@ -21,6 +21,7 @@ def check(f: fs.Figures) -> None:
     assert f.lost == 0 and f.duplicates == 0 and f.unexpected == 0
 
 
+@pytest.mark.slow  # ~45 s; tests/test_crash.py SIGKILLs workers mid-run in the default suite
 async def test_workers_sigkilled_at_random(tmp_path: Path) -> None:
     """R1 + duplicate Starts: results = N, none twice, rewards equal to the fault-free run."""
     async with Harness(tmp_path / "broker", limits=fs.CHAOS_LIMITS) as h:
