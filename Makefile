@@ -38,3 +38,7 @@ powercut: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+.PHONY: test-slow
+test-slow: $(STAMP)  # the tests marked slow alone (CI runs them as a step of their own)
+	$(BIN)/pytest -m slow
