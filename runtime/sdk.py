@@ -22,6 +22,9 @@ import msgspec
 from broker.schemas import FunctionCall, Options, Session, Usage
 from runtime.errors import InvalidInput, Retry, ToolError, VerifierError
 from runtime.items import function_calls, message_text
+from runtime.judges import Model
+from runtime.offload import offload
+from runtime.reference import Call, Reference, call
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelOutput
@@ -29,11 +32,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Agent",
     "AgentContext",
+    "Call",
     "CallTools",
     "Context",
     "Environment",
     "Finish",
     "InvalidInput",
+    "Model",
+    "Reference",
     "Retry",
     "Rollout",
     "SessionView",
@@ -42,8 +48,10 @@ __all__ = [
     "ToolError",
     "Verdict",
     "VerifierError",
+    "call",
     "function_calls",
     "load",
+    "offload",
     "tool",
 ]
 
@@ -72,6 +80,14 @@ class Context(Generic[M]):
     task: Task[M]
     state: dict[str, Any]
 
+    def step_reward(self, value: float) -> None:
+        """Record this step's reward (a game's per-move feedback); the Result reports them in order."""
+        self.state.setdefault(STEP_REWARDS, []).append(float(value))
+
+
+STEP_REWARDS = "_step_rewards"
+"""Where `Context.step_reward` keeps the step rewards in the environment's state."""
+
 
 @dataclass(frozen=True)
 class Rollout:
@@ -79,6 +95,11 @@ class Rollout:
 
     output: list[dict[str, Any]]
     state: dict[str, Any]
+
+    @property
+    def step_rewards(self) -> list[float]:
+        """The rewards the tools recorded step by step (`Context.step_reward`)."""
+        return list(self.state.get(STEP_REWARDS, []))
 
     @property
     def text(self) -> str:
@@ -187,6 +208,7 @@ def _schema(name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any
 
 VerifyFn = Callable[[Task[Any], Rollout], Awaitable["float | Verdict"]]
 SeedFn = Callable[[Context[Any]], Awaitable[None]]
+ReferenceFn = Callable[[Task[Any]], Reference]
 
 
 @dataclass
@@ -199,6 +221,18 @@ class Environment:
     seed: SeedFn | None = None
     meta: type | None = None
     """A msgspec Struct for the task's verifier fields; validated (naming the field) before use."""
+    reference: ReferenceFn | None = None
+    """What a perfect model answers for a task, and a plausible wrong answer (`Reference`): played by the
+    simulated policy and checked by ``gymbus check``."""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """The lowest and highest reward the verifier gives (``gymbus check`` expects both)."""
+    accepts: Sequence[str] = ()
+    """NeMo Gym resources servers whose rows it takes unchanged; a row's ``agent_ref`` naming one
+    (``<server>_..._agent``) is routed here."""
+    agent: str = "simple_agent"
+    """The agent of rows that name none (routed by ``env`` or ``agent_ref``)."""
+    models: Sequence[Model] = ()
+    """Named models it calls (judges); a local run with the simulated policy has it serve them too."""
 
     def __post_init__(self) -> None:
         self.tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
@@ -212,19 +246,39 @@ class Environment:
         return [t.spec() for t in self.by_name.values()]
 
     def task(self, session: Session) -> Task[Any]:
-        meta: Any = session.meta
-        if self.meta is not None:
-            try:
-                meta = msgspec.convert(session.meta, self.meta)
-            except msgspec.ValidationError as exc:
-                raise InvalidInput(f"task field {str(exc).replace('`$', '`$.meta', 1)}") from exc
         return Task(
             index=session.task_index,
             rollout_index=session.rollout_index,
-            meta=meta,
+            meta=self.check_meta(session.meta),
             params=session.params,
             input=session.items[: session.n_input],
         )
+
+    def check_meta(self, meta: Mapping[str, Any]) -> Any:
+        """The task's verifier fields as ``meta`` declares them; InvalidInput names the field and this environment."""
+        if self.meta is None:
+            return meta
+        try:
+            return msgspec.convert(meta, self.meta)
+        except msgspec.ValidationError as exc:
+            raise InvalidInput(f"environment {self.name!r}: {_row_error(str(exc))}") from exc
+
+    def task_of(self, row: Mapping[str, Any], index: int = 0, rollout_index: int = 0) -> Task[Any]:
+        """A task row (NeMo Gym-shaped) as this environment's `Task` (the simulated policy, ``gymbus check``)."""
+        params = dict(row.get("responses_create_params") or {})
+        raw = params.pop("input", [])
+        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw)
+        meta = {k: v for k, v in row.items() if k != "responses_create_params"}
+        return Task(index=index, rollout_index=rollout_index, meta=self.check_meta(meta), params=params, input=items)
+
+
+def _row_error(error: str) -> str:
+    """A msgspec error about the meta, told of the task row (whose top level the meta is)."""
+    missing = "Object missing required field "
+    if error.startswith(missing):
+        field, _, at = error[len(missing) :].partition(" - at ")
+        return f"the task row has no field {field}{' under ' + at if at else ''} (required)"
+    return f"task field: {error}"
 
 
 @dataclass(frozen=True)

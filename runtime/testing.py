@@ -28,6 +28,7 @@ from broker.server import EmbeddedServer
 from broker.sessions import SessionStore
 from runtime.engine.worker import Worker
 from runtime.model.client import register
+from runtime.model.policy import AnswerBook
 from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
 from runtime.sdk import Function, load
 
@@ -67,9 +68,13 @@ class Harness:
             self._sim_server.__exit__()
         await asyncio.to_thread(self.broker.close)
 
-    async def simulate(self, *task_files: str | Path, model: str = "policy", **config: Any) -> str:
-        """Start the simulated policy in a thread and register it as ``model``; returns its base URL."""
-        self.sim = Simulator(load_answer_key(task_files), SimConfig(model=model, **config))
+    async def simulate(
+        self, *task_files: str | Path, model: str = "policy", env: str | None = None, **config: Any
+    ) -> str:
+        """Start the simulated policy in a thread and register it as ``model``; returns its base URL.
+        ``env`` is the environment of rows that name none: its reference is what the policy plays."""
+        book = AnswerBook.from_files(task_files, env=env, seed=config.get("seed", 0))
+        self.sim = Simulator(load_answer_key(task_files), SimConfig(model=model, **config), book=book)
         self._sim_server = InThread(self.sim.app()).__enter__()
         self.model_url = f"{self._sim_server.url}/v1"
         await register(self.js, model, [self.model_url])

@@ -46,6 +46,7 @@ from runtime.engine.metrics import HttpServer, WorkerMetrics
 from runtime.engine.pull import Puller, Slots
 from runtime.engine.transitions import Delivery, Handler, Runtime
 from runtime.errors import RETRIED_KINDS, GymError, Retry
+from runtime.judges import close_client
 from runtime.model.client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
 from runtime.telemetry import genai, spans
@@ -169,6 +170,7 @@ class Worker:
                 sweeper.cancel()
             if client is not None:
                 await client.close()
+            await close_client(nc.jetstream())  # the one environments opened for named models (judges)
             await _close(nc)
 
     async def _loop(self, rt: Runtime, puller: Puller, role: Role, slots: Slots) -> None:

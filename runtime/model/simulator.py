@@ -1,10 +1,14 @@
 """The SIMULATED policy: an OpenAI-compatible server that stands in for a model. It is not a model.
 
-It answers from an answer key (the task files it is given, matched by the prompt), right with a
-configured probability, after a configured latency. When the request offers tools and no tool
-output is in the conversation yet, it calls the first tool first. It never sees the verifier's
-fields through the request: only the answer key it was started with. Its draws depend on the seed,
-the prompt and the rollout index (header ``X-Gymbus-Session``), so two runs with the same seed agree.
+For a task whose environment gives a reference (what a perfect model answers, and a plausible wrong
+answer: runtime/reference.py), it plays that script turn by turn, the right one with a configured
+probability (runtime/model/policy.py); a call for another model (a judge) gets the reference's judge
+answer. For other tasks it answers from an answer key (the task files it is given, matched by the
+prompt), right with that probability; when the request offers tools and no tool output is in the
+conversation yet, it calls the first tool first. Every answer comes after a configured latency.
+It never sees the verifier's fields through the request: only the task files it was started with.
+Its draws depend on the seed, the prompt (or task) and the rollout index (header
+``X-Gymbus-Session``), so two runs with the same seed agree.
 Used for the quickstart, demos, capacity planning, benchmarks, and as the tests' model double.
 
 What it imitates of vLLM, so the client's paths are exercised over real HTTP:
@@ -41,6 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
+from runtime.model.policy import AnswerBook, Play
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -152,6 +157,8 @@ class Simulator:
     received: list[bytes] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     """The ``X-Gymbus-Session`` of every call answered (when recording)."""
+    book: AnswerBook | None = None
+    """The tasks with their environments' references (played before the answer key is looked at)."""
 
     async def _fault(self, request: Request) -> Response | None:
         if self.record:
@@ -182,9 +189,9 @@ class Simulator:
         return int.from_bytes(digest[:8], "big") / 2**64
 
     async def decide(
-        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str
+        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str, model: str = ""
     ) -> dict[str, Any]:
-        """What the 'model' says: {'tool': (name, args)} or {'text': ...}."""
+        """What the 'model' says: {'tools': [(name, args), ...]} or {'text': ...}."""
         self.calls += 1
         if self.record:
             self.sessions.append(session)
@@ -194,6 +201,11 @@ class Simulator:
                 await asyncio.sleep(self.config.latency_ms / 1000)
             finally:
                 self.in_flight -= 1
+        played = self._from_reference(items, session, model)
+        if played is not None:
+            if played.calls:
+                return {"tools": [(c.name, c.arguments) for c in played.calls]}
+            return {"text": played.text or ""}
         prompt = prompt_text(items)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
@@ -202,15 +214,30 @@ class Simulator:
         if tools and self.config.tool_first and not called and answer is not None:
             tool = tools[0]
             name = (tool.get("function") or tool).get("name", "tool")
-            return {"tool": (name, _tool_args(tool, answer))}
+            return {"tools": [(name, _tool_args(tool, answer))]}
         if answer is None:
             return {"text": "I do not know this one."}
         if self._draw(prompt, session) >= self.config.accuracy:
             answer = _wrong(answer)
         return {"text": f"Working it through, the answer is \\boxed{{{answer}}}."}
 
-    def _call_id(self) -> str:
-        return f"call_{self.calls:08d}"
+    def _from_reference(self, items: str | list[dict[str, Any]], session: str, model: str) -> Play | None:
+        """The reference's turn for this conversation, or None when its task has no reference. A call
+        for a model that is neither the policy nor the task's own ``model`` is a judge's."""
+        if self.book is None:
+            return None
+        task = self.book.find(session, items, by_session=True)
+        asked = {self.config.model, (task.row.get("responses_create_params") or {}).get("model") if task else None}
+        judging = bool(model) and model not in asked
+        row = task if judging else self.book.find(session, items)
+        ref = self.book.reference(row, session) if row is not None else None
+        if row is None or ref is None:
+            return None
+        correct = self.book.correct(row, session, self.config.accuracy)
+        return self.book.judge(row, ref, correct) if judging else self.book.play(row, ref, correct, items)
+
+    def _call_id(self, n: int = 0) -> str:
+        return f"call_{self.calls:08d}_{n}" if n else f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
         fault = await self._fault(request)
@@ -218,7 +245,8 @@ class Simulator:
             return fault
         body = await request.json()
         items = body.get("input", [])
-        said = await self.decide(items, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
+        sid = request.headers.get(SESSION_HEADER, "")
+        said = await self.decide(items, body.get("tools") or [], sid, body.get("model", ""))
         think = self.config.reasoning
         output: list[dict[str, Any]] = []
         if think == "field":
@@ -230,17 +258,17 @@ class Simulator:
                     "content": [{"type": "reasoning_text", "text": THOUGHT}],
                 }
             )
-        if "tool" in said:
-            name, args = said["tool"]
+        if "tools" in said:
             output += [
                 {
                     "type": "function_call",
-                    "id": f"fc_{self.calls}",
-                    "call_id": self._call_id(),
+                    "id": f"fc_{self.calls}_{n}" if n else f"fc_{self.calls}",
+                    "call_id": self._call_id(n),
                     "name": name,
                     "arguments": json.dumps(args),
                     "status": "completed",
                 }
+                for n, (name, args) in enumerate(said["tools"])
             ]
         else:
             text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
@@ -281,18 +309,18 @@ class Simulator:
                 f"{len(toy_tokens(prompt))} tokens in the messages. Please reduce the length of the messages."
             )
             return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
-        said = await self.decide(messages, body.get("tools") or [], session)
-        if "tool" in said:
-            name, args = said["tool"]
+        said = await self.decide(messages, body.get("tools") or [], session, body.get("model", ""))
+        if "tools" in said:
             message = {
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
                     {
-                        "id": self._call_id(),
+                        "id": self._call_id(n),
                         "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args)},
                     }
+                    for n, (name, args) in enumerate(said["tools"])
                 ],
             }
             finish = "tool_calls"
@@ -375,8 +403,9 @@ def _server(app: Starlette) -> uvicorn.Server:
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
     faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
+    refs = f" and the references of {len(sim.book.rows)} tasks" if sim.book is not None else ""
     return (
-        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
+        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts{refs}, "
         f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}, reasoning={c.reasoning}{faults}"
     )
 

@@ -49,10 +49,16 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     """Whether the verifier reports ``extracted_answer`` at all (majority@k needs it)."""
     timings: Timings = msgspec.field(default_factory=Timings)
     usage: Usage = msgspec.field(default_factory=Usage)
+    env: str = ""
+    """The environment that scored it (a run may mix them)."""
+    components: dict[str, float] = {}
+    """The reward's components, when the verifier reports them (``components`` in its info)."""
 
     @classmethod
     def of(cls, r: Result) -> Sample:
         return cls(
+            env=r.env,
+            components=_components(r.verifier),
             session_id=r.session_id,
             task_index=r.task_index,
             rollout_index=r.rollout_index,
@@ -64,6 +70,13 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
             timings=r.timings,
             usage=r.usage,
         )
+
+
+def _components(verifier: dict[str, Any]) -> dict[str, float]:
+    raw = verifier.get("components")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _answer(verifier: dict[str, Any]) -> str | None:
@@ -167,6 +180,10 @@ class Profile(msgspec.Struct, kw_only=True):
     throughput: Throughput = msgspec.field(default_factory=Throughput)
     last_seq: int = 0
     """Live only: the last results-stream sequence folded in."""
+    components: dict[str, Stats] = {}
+    """Per reward component (when the verifier reports ``components``): its statistics over scored rollouts."""
+    by_env: dict[str, Profile] = {}
+    """When the run mixes environments: every statistic above, per environment."""
 
 
 def build(
@@ -208,8 +225,31 @@ def build(
         tasks_always_passed=sum(1 for t in rated if t.passed == t.scored),
         latency=latency(ordered),
         throughput=_throughput(ordered),
+        components=_component_stats(scored),
+        by_env=_by_env(info, ordered, source),
     )
     return profile, tasks
+
+
+def _component_stats(scored: list[Sample]) -> dict[str, Stats]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for s in scored:
+        for name, v in s.components.items():
+            values[name].append(v)
+    return {name: describe(v) for name, v in sorted(values.items())}
+
+
+def _by_env(info: RunInfo, samples: list[Sample], source: Literal["live", "offline"]) -> dict[str, Profile]:
+    """One profile per environment when there are several (its tasks are those with a Result there)."""
+    envs = sorted({s.env for s in samples})
+    if len(envs) < 2:
+        return {}
+    out = {}
+    for env in envs:
+        part = [s for s in samples if s.env == env]
+        sub = RunInfo(run_id=info.run_id, repeats=info.repeats, pass_threshold=info.pass_threshold)
+        out[env or "-"] = build(sub, part, source=source)[0]
+    return out
 
 
 def _task(index: int, samples: list[Sample], info: RunInfo, k_list: list[int], answers: bool) -> TaskProfile:
