@@ -25,7 +25,7 @@ from rich.markup import escape
 from broker.connect import BrokerUnavailable
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import inspect, run, serve
+from runtime.cli import authoring, inspect, run, serve
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -57,6 +57,7 @@ COMMANDS = [
     (inspect.traces, "traces"),
     (inspect.dead_letters, "dead-letters"),
     (inspect.schema, "schema"),
+    (authoring.check, "check"),
 ]
 USER_MISTAKES = (UsageError, InvalidName, BrokerUnavailable, BrokerError)
 """What the user can fix: printed as one line, exit 2."""
@@ -79,6 +80,8 @@ for command, name in COMMANDS:
     app.command(name)(guarded(command))
 serve.register_model_commands(guarded)
 app.add_typer(serve.model_app, name="model")
+authoring.register_new_commands(guarded)
+app.add_typer(authoring.new_app, name="new")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

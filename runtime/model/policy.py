@@ -81,12 +81,16 @@ class AnswerBook:
 
     rows: list[Row] = field(default_factory=list)
     seed: int = 0
+    known: dict[str, Any] = field(default_factory=dict)
+    """Environments by name that need not be under functions/ (``gymbus check module:OBJECT``)."""
     _by_first: dict[str, int] = field(default_factory=dict)
     _refs: dict[tuple[int, int], Reference | None] = field(default_factory=dict)
 
     @classmethod
-    def from_files(cls, paths: Iterable[str | Path], env: str | None = None, seed: int = 0) -> AnswerBook:
-        book = cls(seed=seed)
+    def from_files(
+        cls, paths: Iterable[str | Path], env: str | None = None, seed: int = 0, known: Any = None
+    ) -> AnswerBook:
+        book = cls(seed=seed, known={known.name: known} if known is not None else {})
         for path in paths:
             for line in Path(path).read_text().splitlines():
                 if not line.strip():
@@ -119,7 +123,7 @@ class AnswerBook:
         rollout = _rollout_index(session)
         key = (row.index, rollout)
         if key not in self._refs:
-            self._refs[key] = _reference(row, rollout)
+            self._refs[key] = _reference(row, rollout, self.known)
         return self._refs[key]
 
     def correct(self, row: Row, session: str, accuracy: float) -> bool:
@@ -165,10 +169,10 @@ def _env_of(row: dict[str, Any], default: str | None) -> str | None:
         return None
 
 
-def _reference(row: Row, rollout: int) -> Reference | None:
+def _reference(row: Row, rollout: int, known: dict[str, Any]) -> Reference | None:
     from runtime.runs.routing import environment
 
-    env = environment(row.env) if row.env else None
+    env = (known.get(row.env) or environment(row.env)) if row.env else None
     if env is None or env.reference is None:
         return None
     try:

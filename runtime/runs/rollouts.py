@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+import msgspec
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
@@ -67,9 +68,9 @@ async def publish_starts(
 ) -> int:
     """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
     over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
-    specs = {name: e.tool_specs() for name, e in (envs or {}).items()} if cfg.env_tools else {}
-    if env is not None and cfg.env_tools:
-        specs.setdefault(cfg.env, env.tool_specs())
+    known = {**({cfg.env: env} if env is not None else {}), **(envs or {})}
+    specs = {name: e.tool_specs() for name, e in known.items()} if cfg.env_tools else {}
+    seeded = {name for name, e in known.items() if e.seed is not None}
     sem = asyncio.Semaphore(256)
 
     async def one(task_index: int, rollout: int, attempt: int) -> None:
@@ -80,6 +81,8 @@ async def publish_starts(
                 await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
                 return
             start = build_start(cfg, run_id, task, rollout, attempt, specs.get(task.env or cfg.env))
+            if start.env in seeded and not start.options.seed:  # a stateful environment seeds every session
+                start = msgspec.structs.replace(start, options=msgspec.structs.replace(start.options, seed=True))
             subject = topology.agent_subject(start.agent)
             try:
                 with roots.submitting(start, sid) if roots else contextlib.nullcontext():
