@@ -24,7 +24,7 @@ from broker.schemas import Options, Result, Start
 from runtime.errors import InputError
 from runtime.model.client import register
 from runtime.runs.routing import route
-from runtime.sdk import Environment, load
+from runtime.sdk import Agent, Environment, load
 from runtime.testing import Harness, task_rows
 
 MAX_STEPS = 16
@@ -72,9 +72,11 @@ def load_env(ref: str) -> Environment:
     return fn
 
 
-async def check(ref: str, tasks: Path | None = None, *, timeout_s: float = 120.0) -> Report:
-    """Run the check of environment ``ref`` (a name under functions/ or module:OBJECT)."""
+async def check(ref: str, tasks: Path | None = None, *, agent: str | None = None, timeout_s: float = 120.0) -> Report:
+    """Run the check of environment ``ref`` (a name under functions/ or module:OBJECT), through its
+    rows' agents, or through ``agent`` (a name or module:OBJECT) for every row."""
     env = load_env(ref)
+    through = _load_agent(agent) if agent else None
     path = tasks or examples_of(env, ref)
     if not path.is_file():
         raise InputError(f"environment {env.name!r} has no example tasks at {path} (give --tasks FILE)")
@@ -89,9 +91,9 @@ async def check(ref: str, tasks: Path | None = None, *, timeout_s: float = 120.0
             assert h.sim is not None and h.model_url is not None
             for model in env.models:
                 await register(h.js, model.name, [h.model_url])
-            starts = [_start(env, row, i) for i, row in enumerate(rows)]
-            for agent in sorted({s.agent for s in starts}):
-                await h.worker(agent)
+            starts = [_start(env, row, i, through.name if through else None) for i, row in enumerate(rows)]
+            for name in sorted({s.agent for s in starts}):
+                await h.worker(through if through is not None and through.name == name else name)
             await h.worker(env)
             right = await _pass(h, starts, "check-right", timeout_s)
             h.sim.config.accuracy = 0.0
@@ -102,7 +104,17 @@ async def check(ref: str, tasks: Path | None = None, *, timeout_s: float = 120.0
     return report
 
 
-def _start(env: Environment, row: dict[str, Any], index: int) -> Start:
+def _load_agent(ref: str) -> Agent:
+    try:
+        fn = load(ref)
+    except (LookupError, ImportError) as exc:
+        raise InputError(f"--agent {ref!r}: {exc}") from None
+    if not isinstance(fn, Agent):
+        raise InputError(f"--agent {ref!r} is an environment, not an agent")
+    return fn
+
+
+def _start(env: Environment, row: dict[str, Any], index: int, agent: str | None) -> Start:
     r = route(row, env.agent, env.name)
     if r.env != env.name:
         raise InputError(f"example task {index} runs on environment {r.env!r}, not {env.name!r}")
@@ -112,7 +124,7 @@ def _start(env: Environment, row: dict[str, Any], index: int) -> Start:
     return Start(
         run_id="check",
         task_index=index,
-        agent=r.agent,
+        agent=agent or r.agent,
         env=env.name,
         responses_create_params=params,
         meta={k: v for k, v in row.items() if k != "responses_create_params"},

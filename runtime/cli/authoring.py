@@ -20,6 +20,9 @@ def check(
     tasks: Annotated[
         Path | None, typer.Option("--tasks", "-t", help="Task JSONL (default: the environment's data/example.jsonl).")
     ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Run every task through this agent (default: the rows' own).")
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each pass's rollouts.")] = 120.0,
 ) -> None:
     """Prove an environment's verifier both ways on the real stack (exit 1 if it fails).
@@ -30,7 +33,7 @@ def check(
     """
     from runtime.checking import check as run_check
 
-    report = run(run_check(env, tasks, timeout_s=timeout))
+    report = run(run_check(env, tasks, agent=agent, timeout_s=timeout))
     console.print(report_table(report))
     low, high = report.reward_range
     verdict = "[green]PASS[/]" if report.ok else "[red]FAIL[/]"

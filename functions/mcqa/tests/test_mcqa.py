@@ -62,7 +62,7 @@ async def test_check_passes_both_ways() -> None:
 NEMO_ROWS = [  # NeMo Gym mcqa rows' shape: options as one-key objects, a letter, a grading mode, a uuid
     {
         "responses_create_params": {
-            "input": [{"role": "user", "content": "Which is a mammal?\nA: Trout\nB: Dolphin\nC: Gecko\nBox the letter."}]
+            "input": [{"role": "user", "content": "Which is a mammal?\nA: Trout\nB: Dolphin\nC: Gecko"}]
         },
         "options": [{"A": "Trout"}, {"B": "Dolphin"}, {"C": "Gecko"}],
         "expected_answer": "B",
@@ -82,7 +82,7 @@ NEMO_ROWS = [  # NeMo Gym mcqa rows' shape: options as one-key objects, a letter
 
 
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
-    summary, rows = await collect_rows(tmp_path, NEMO_ROWS, env="mcqa")
+    _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="mcqa")
     assert [r["reward"] for r in rows[:2]] == [1.0, 1.0]
     assert rows[0]["uuid"] == "row-1" and rows[1]["agent_ref"]["name"] == "mcqa_simple_agent"  # the row, unchanged
     assert rows[2]["failure_kind"] == "invalid_input"
