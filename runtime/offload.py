@@ -12,11 +12,14 @@ calls that shared the pool are run again on the new one.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, TypeVar
 
 from runtime.errors import VerifierError
@@ -38,11 +41,20 @@ class OffLoop:
         self._pool: ProcessPoolExecutor | None = None
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._generation = 0
+        self._warm: list[Any] = []
+        self._modules: set[str] = set()
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _executor(self) -> tuple[ProcessPoolExecutor, Any]:
+        """The pool, and a future that is done once its processes have started (a call's time starts then)."""
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-        return self._pool
+            paths = [os.getcwd(), str(Path(__file__).resolve().parent.parent), *sys.path]
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_import_paths, initargs=(paths,)
+            )
+            self._warm = [self._pool.submit(_ready) for _ in range(self.workers)]
+            self._modules: set[str] = set()
+        return self._pool, self._warm
 
     async def run(self, fn: Callable[..., T], *args: Any, timeout_s: float) -> T:
         loop = asyncio.get_running_loop()
@@ -51,7 +63,14 @@ class OffLoop:
         async with self._slots[1]:
             for _ in range(3):
                 generation = self._generation
-                future = asyncio.wrap_future(self._executor().submit(fn, *args))
+                pool, warm = self._executor()
+                await asyncio.gather(*(asyncio.wrap_future(f) for f in warm), return_exceptions=True)
+                module = getattr(fn, "__module__", None)
+                if module and module not in self._modules:  # its import is not the call's time
+                    self._modules.add(module)
+                    imports = [pool.submit(importlib.import_module, module) for _ in range(self.workers)]
+                    await asyncio.gather(*(asyncio.wrap_future(f) for f in imports), return_exceptions=True)
+                future = asyncio.wrap_future(pool.submit(fn, *args))
                 try:
                     return await asyncio.wait_for(future, timeout_s)
                 except TimeoutError:
@@ -77,6 +96,17 @@ class OffLoop:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _ready() -> bool:
+    return True
+
+
+def _import_paths(paths: list[str]) -> None:
+    """In a pool process: import what the worker imports (its working directory, the repository, its
+    path), and the SDK every environment module imports."""
+    sys.path[:0] = [p for p in dict.fromkeys(paths) if p not in sys.path]
+    importlib.import_module("runtime.sdk")
 
 
 _OFF_LOOP = OffLoop()
