@@ -12,7 +12,7 @@ simulated judge cannot judge.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +61,10 @@ class Reference:
 
     right: Turn | Sequence[Turn]
     wrong: Turn | Sequence[Turn]
-    judge: dict[bool, str] | None = None
-    """What a judge model answers when the policy played right (True) or wrong (False); None: no judge."""
+    judge: dict[bool, str] | Callable[[bool, list[dict[str, Any]]], str] | None = None
+    """What a judge model answers when the policy played right (True) or wrong (False); or a function of
+    that and the judge's request (its input messages), for a judge whose answer depends on the order
+    it was shown things in (a swap check); None: no judge."""
 
     def script(self, correct: bool) -> tuple[str | tuple[Call, ...], ...]:
         """The turns to play, in order."""

@@ -140,10 +140,12 @@ class AnswerBook:
         last = script[-1]
         return Play(text=last if isinstance(last, str) else "Done.")
 
-    def judge(self, row: Row, ref: Reference, correct: bool) -> Play:
+    def judge(self, row: Row, ref: Reference, correct: bool, items: Any) -> Play:
         """What a judge says of this rollout (what its environment's reference says it answers)."""
         if ref.judge is None:
             return Play(text="")
+        if callable(ref.judge):
+            return Play(text=ref.judge(correct, [] if isinstance(items, str) else list(items)))
         return Play(text=ref.judge[correct])
 
 

@@ -234,7 +234,7 @@ class Simulator:
         if row is None or ref is None:
             return None
         correct = self.book.correct(row, session, self.config.accuracy)
-        return self.book.judge(row, ref, correct) if judging else self.book.play(row, ref, correct, items)
+        return self.book.judge(row, ref, correct, items) if judging else self.book.play(row, ref, correct, items)
 
     def _call_id(self, n: int = 0) -> str:
         return f"call_{self.calls:08d}_{n}" if n else f"call_{self.calls:08d}"
