@@ -113,5 +113,9 @@ _OFF_LOOP = OffLoop()
 
 
 async def offload(fn: Callable[..., T], *args: Any, timeout_s: float = 10.0) -> T:
-    """Run ``fn(*args)`` in the worker's verifier process pool, at most ``timeout_s`` seconds."""
+    """Run ``fn(*args)`` in the worker's verifier process pool, at most ``timeout_s`` seconds.
+    ``GYMBUS_OFFLOAD_INLINE=1`` runs it on the caller's thread instead, unbounded (for measuring a
+    verifier's CPU in one process: ``python -m runtime.bench.verifiers``)."""
+    if os.environ.get("GYMBUS_OFFLOAD_INLINE") == "1":
+        return fn(*args)
     return await _OFF_LOOP.run(fn, *args, timeout_s=timeout_s)

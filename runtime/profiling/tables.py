@@ -72,7 +72,7 @@ def env_table(by_env: dict[str, Profile]) -> Table:
     """Every environment's share of a mixed run: rollouts, failures, reward, pass@k, verify time."""
     table = Table(title="per environment", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for col in ("env", "rollouts", "failed", "mean reward", "pass@1", "pass@k", "verify p50"):
-        table.add_column(col, justify="left" if col == "env" else "right")
+        table.add_column(col, justify="left" if col == "env" else "right", no_wrap=col == "env")
     for env, p in by_env.items():
         top = p.pass_at_k[-1] if p.pass_at_k else None
         verify = p.latency.get("verify")
