@@ -278,7 +278,7 @@ def _row_error(error: str) -> str:
     if error.startswith(missing):
         field, _, at = error[len(missing) :].partition(" - at ")
         return f"the task row has no field {field}{' under ' + at if at else ''} (required)"
-    return f"task field: {error}"
+    return f"task field {error.replace('`$', '`$.meta', 1)}"
 
 
 @dataclass(frozen=True)

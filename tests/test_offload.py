@@ -46,4 +46,5 @@ async def test_a_slow_verifier_fails_alone_as_verifier_error(harness: Harness, t
         await harness.submit(harness.start({**row, "busy_s": 0.01}, run_id="off", task_index=i, env="offload"))
     results = {r.task_index: r for r in await harness.results("off", 6, timeout=60)}
     assert results[0].failure_kind == "verifier_error" and "timeout" in (results[0].failure_reason or "")
-    assert all(results[i].reward == 1.0 for i in range(1, 6)), [(r.failure_kind, r.failure_reason) for r in results.values()]
+    why = [(r.failure_kind, r.failure_reason) for r in results.values()]
+    assert all(results[i].reward == 1.0 for i in range(1, 6)), why

@@ -4,7 +4,8 @@
 
 For every environment under functions/ with examples, each task is played in-process the way its
 reference says (right and wrong, tools run on the seeded state), then its verifier is timed with
-``time.process_time`` (CPU, not wall) over repeated calls. Off-loop work runs inline here
+``time.process_time`` (CPU, not wall) over repeated calls; each play's figure is the median of its repeats, and the
+table gives the median and p90 over an environment's plays (each task weighs the same). Off-loop work runs inline here
 (``GYMBUS_OFFLOAD_INLINE=1``) so its CPU is counted; a judge's reply comes from the reference, so a
 judged environment's figure is its own work around the model call, not the model's.
 """
@@ -95,7 +96,7 @@ def _judge(ref: Reference, correct: bool) -> Any:
 
 
 async def measure(env: Environment, rows: list[dict[str, Any]], seconds: float) -> list[float]:
-    """CPU ms of one verify, per call, over the right and wrong plays of every row."""
+    """CPU ms of one verify for each play (right and wrong, of every row): the median of its repeats."""
     session = Session(
         session_id="bench.0.0",
         run_id="bench",
@@ -118,14 +119,16 @@ async def measure(env: Environment, rows: list[dict[str, Any]], seconds: float) 
 
             judge = _judge(ref, correct)
             deadline = time.monotonic() + seconds / max(1, 2 * len(rows))
+            runs: list[float] = []
             while True:
                 with judges.bound(None, session) as binding:  # type: ignore[arg-type]
                     binding.respond = judge
                     t0 = time.process_time()
                     await env.verify(task, rollout)
-                    costs.append((time.process_time() - t0) * 1000)
-                if time.monotonic() > deadline and len(costs) >= 3:
+                    runs.append((time.process_time() - t0) * 1000)
+                if time.monotonic() > deadline and len(runs) >= 3:
                     break
+            costs.append(statistics.median(runs))  # one figure per play: each task weighs the same
     return costs
 
 
@@ -147,7 +150,7 @@ async def run(seconds: float) -> list[dict[str, Any]]:
                 "env": name,
                 "family": family,
                 "nemo_gym": nemo,
-                "verifies": len(costs),
+                "plays": len(costs),
                 "cpu_ms_median": round(statistics.median(costs), 4),
                 "cpu_ms_p90": round(statistics.quantiles(costs, n=10)[-1], 4) if len(costs) >= 10 else None,
             }
@@ -173,10 +176,10 @@ def main(argv: list[str] | None = None) -> None:
             p90 = f" ({r['cpu_ms_p90']:.3f})" if r["cpu_ms_p90"] is not None else ""
             print(f"| `{r['env']}` | {r['family']} | {r['nemo_gym']} | {r['cpu_ms_median']:.3f}{p90} |")
     else:
-        print(f"{'environment':<24}{'family':<18}{'verifies':>9}{'CPU ms p50':>12}{'p90':>10}")
+        print(f"{'environment':<24}{'family':<18}{'plays':>9}{'CPU ms p50':>12}{'p90':>10}")
         for r in rows:
             p90 = f"{r['cpu_ms_p90']:.3f}" if r["cpu_ms_p90"] is not None else "-"
-            print(f"{r['env']:<24}{r['family']:<18}{r['verifies']:>9}{r['cpu_ms_median']:>12.3f}{p90:>10}")
+            print(f"{r['env']:<24}{r['family']:<18}{r['plays']:>9}{r['cpu_ms_median']:>12.3f}{p90:>10}")
 
 
 if __name__ == "__main__":

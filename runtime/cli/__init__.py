@@ -3,6 +3,7 @@
     run.py       collect, submit, replay                          (rollouts)
     serve.py     worker, simulate, profiler, janitor, model serve, init
     inspect.py   status, profile, traces, dead-letters, schema
+    authoring.py check, new env, new agent                        (environment and agent authors)
     runtime.bench  bench
 
 `main` is the one error boundary: a user's mistake (`runtime.errors.UsageError`, an invalid name, an
