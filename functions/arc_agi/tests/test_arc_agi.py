@@ -66,6 +66,7 @@ NEMO_ROWS = [  # NeMo Gym arc_agi rows' shape: train pairs, test_input, expected
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="arc_agi")
     assert [r["reward"] for r in rows] == [1.0, 1.0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from functions.blackjack.env import ENVIRONMENT, deck, play, value
 from runtime.checking import check
 from runtime.sdk import Task
@@ -44,6 +46,7 @@ NEMO_ROWS = [  # NeMo Gym blackjack rows' shape: a system prompt and a gymnasium
 ] * 2
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="blackjack", repeats=2, limits={"max_steps": 12})
     assert all(r["reward"] in (-1.0, 0.0, 1.0) for r in rows), [r.get("failure_reason") for r in rows]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runtime.checking import check
 from runtime.testing import collect_rows
 
@@ -33,6 +35,7 @@ NEMO_ROWS = [  # NeMo Gym example_session_state_mgmt rows' shape: the tools list
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="counter", repeats=2)
     assert [r["reward"] for r in rows] == [1.0] * 4

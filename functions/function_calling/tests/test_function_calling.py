@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from functions.function_calling.env import ENVIRONMENT, verify
 from runtime.checking import check
 from runtime.sdk import Rollout, Task
@@ -80,6 +82,7 @@ NEMO_ROWS = [
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="function_calling", agent="one_shot")
     assert [r["reward"] for r in rows] == [1.0, 1.0]

@@ -85,6 +85,7 @@ NEMO_ROWS = [  # NeMo Gym genrm_compare rows' shape: a conversation ending in a 
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="genrm_compare")
     assert rows[0]["reward"] == 1.0 and rows[0]["dataset"] == "hs3", rows[0].get("failure_reason")

@@ -114,6 +114,7 @@ NEMO_ROWS = [
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="instruction_following")
     assert all(r["reward"] is not None for r in rows), [r.get("failure_reason") for r in rows]

@@ -119,6 +119,7 @@ NEMO_ROWS = [  # NeMo Gym equivalence_llm_judge / math_with_judge rows' shape: q
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="llm_judge")
     assert [r["reward"] for r in rows] == [1.0, 1.0], [r.get("failure_reason") for r in rows]

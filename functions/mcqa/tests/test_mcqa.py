@@ -81,6 +81,7 @@ NEMO_ROWS = [  # NeMo Gym mcqa rows' shape: options as one-key objects, a letter
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="mcqa")
     assert [r["reward"] for r in rows[:2]] == [1.0, 1.0]

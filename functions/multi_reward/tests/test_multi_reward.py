@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from functions.multi_reward.env import ENVIRONMENT, verify
 from runtime.checking import check
 from runtime.sdk import Rollout, Task
@@ -68,6 +70,7 @@ NEMO_ROWS = [  # NeMo Gym example_tool_call_multireward rows' shape: the tool in
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged_and_the_profile_shows_components(tmp_path: Path) -> None:
     summary, rows = await collect_rows(tmp_path, NEMO_ROWS, env="multi_reward", agent="one_shot", repeats=2)
     assert [r["reward"] for r in rows] == [3.0] * 4

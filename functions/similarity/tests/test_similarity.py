@@ -46,6 +46,7 @@ NEMO_ROWS = [  # NeMo Gym wmt_translation rows' shape: source text, reference tr
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="similarity", repeats=4, accuracy=0.5)
     rewards = sorted(r["reward"] for r in rows)

@@ -58,6 +58,7 @@ NEMO_ROWS = [  # NeMo Gym string_match rows' shape: typed input parts, extractio
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="string_match")
     assert [r["reward"] for r in rows] == [1.0, 1.0, 1.0]

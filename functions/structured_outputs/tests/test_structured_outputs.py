@@ -93,6 +93,7 @@ NEMO_ROWS = [  # NeMo Gym structured_outputs v4 rows' shape: schema_str, tool_ca
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="structured_outputs", agent="one_shot")
     assert [r["reward"] for r in rows] == [1.0]

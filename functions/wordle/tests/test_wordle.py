@@ -62,6 +62,7 @@ NEMO_ROWS = [  # NeMo Gym wordle rows' shape: the tools in the row, custom_targe
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="wordle", limits={"max_steps": 10})
     assert [r["reward"] for r in rows] == [1.0, 1.0], [r.get("failure_reason") for r in rows]

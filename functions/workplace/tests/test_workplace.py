@@ -62,6 +62,7 @@ NEMO_ROWS = [  # NeMo Gym workplace_assistant rows' shape: ground_truth calls wi
 ]
 
 
+@pytest.mark.nemo_rows
 async def test_nemo_gym_shaped_rows_run(tmp_path: Path) -> None:
     _, rows = await collect_rows(tmp_path, NEMO_ROWS, env="workplace")
     assert [r["reward"] for r in rows] == [1.0], [r.get("failure_reason") for r in rows]
