@@ -206,7 +206,7 @@ class Simulator:
             if played.calls:
                 return {"tools": [(c.name, c.arguments) for c in played.calls]}
             return {"text": played.text or ""}
-        prompt = prompt_text(items)
+        prompt = self._task_prompt(items, session)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
             i.get("type") == "function_call_output" or i.get("role") == "tool" for i in items
@@ -220,6 +220,13 @@ class Simulator:
         if self._draw(prompt, session) >= self.config.accuracy:
             answer = _wrong(answer)
         return {"text": f"Working it through, the answer is \\boxed{{{answer}}}."}
+
+    def _task_prompt(self, items: str | list[dict[str, Any]], session: str) -> str:
+        """The task's own prompt (its input's last user message) when the session's task is known, so
+        a user turn an agent adds does not hide it; else the conversation's last user message."""
+        row = self.book.find(session, items) if self.book is not None else None
+        task_input = (row.row.get("responses_create_params") or {}).get("input") if row is not None else None
+        return prompt_text(task_input) if isinstance(task_input, (str, list)) else prompt_text(items)
 
     def _from_reference(self, items: str | list[dict[str, Any]], session: str, model: str) -> Play | None:
         """The reference's turn for this conversation, or None when its task has no reference. A call
