@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.items import message_text
+from runtime.items import last_user_text, message_text
 from runtime.reference import Call, Reference
 
 log = logging.getLogger("gymbus.simulator")
@@ -139,6 +139,26 @@ class AnswerBook:
             return Play(text=now) if isinstance(now, str) else Play(calls=now)
         last = script[-1]
         return Play(text=last if isinstance(last, str) else "Done.")
+
+    def answer(self, items: Any, session: str, model: str, policy: str, accuracy: float) -> Play | None:
+        """The reference's turn for this conversation, or None when its task has no reference. A call
+        for a model that is neither the policy nor the task's own ``model`` is a judge's."""
+        task = self.find(session, items, by_session=True)
+        asked = {policy, (task.row.get("responses_create_params") or {}).get("model") if task else None}
+        judging = bool(model) and model not in asked
+        row = task if judging else self.find(session, items)
+        ref = self.reference(row, session) if row is not None else None
+        if row is None or ref is None:
+            return None
+        correct = self.correct(row, session, accuracy)
+        return self.judge(row, ref, correct, items) if judging else self.play(row, ref, correct, items)
+
+    def task_prompt(self, items: Any, session: str) -> str | None:
+        """The task's own prompt (its input's last user message) when the session's task is known, so
+        a user turn an agent adds does not hide it (the answer-key path)."""
+        row = self.find(session, items)
+        task_input = (row.row.get("responses_create_params") or {}).get("input") if row is not None else None
+        return last_user_text(task_input) if isinstance(task_input, (str, list)) else None
 
     def judge(self, row: Row, ref: Reference, correct: bool, items: Any) -> Play:
         """What a judge says of this rollout (what its environment's reference says it answers)."""

@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
-from runtime.model.policy import AnswerBook, Play
+from runtime.model.policy import AnswerBook
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -201,12 +201,12 @@ class Simulator:
                 await asyncio.sleep(self.config.latency_ms / 1000)
             finally:
                 self.in_flight -= 1
-        played = self._from_reference(items, session, model)
+        played = self.book.answer(items, session, model, self.config.model, self.config.accuracy) if self.book else None
         if played is not None:
             if played.calls:
                 return {"tools": [(c.name, c.arguments) for c in played.calls]}
             return {"text": played.text or ""}
-        prompt = self._task_prompt(items, session)
+        prompt = (self.book.task_prompt(items, session) if self.book else None) or prompt_text(items)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
             i.get("type") == "function_call_output" or i.get("role") == "tool" for i in items
@@ -220,28 +220,6 @@ class Simulator:
         if self._draw(prompt, session) >= self.config.accuracy:
             answer = _wrong(answer)
         return {"text": f"Working it through, the answer is \\boxed{{{answer}}}."}
-
-    def _task_prompt(self, items: str | list[dict[str, Any]], session: str) -> str:
-        """The task's own prompt (its input's last user message) when the session's task is known, so
-        a user turn an agent adds does not hide it; else the conversation's last user message."""
-        row = self.book.find(session, items) if self.book is not None else None
-        task_input = (row.row.get("responses_create_params") or {}).get("input") if row is not None else None
-        return prompt_text(task_input) if isinstance(task_input, (str, list)) else prompt_text(items)
-
-    def _from_reference(self, items: str | list[dict[str, Any]], session: str, model: str) -> Play | None:
-        """The reference's turn for this conversation, or None when its task has no reference. A call
-        for a model that is neither the policy nor the task's own ``model`` is a judge's."""
-        if self.book is None:
-            return None
-        task = self.book.find(session, items, by_session=True)
-        asked = {self.config.model, (task.row.get("responses_create_params") or {}).get("model") if task else None}
-        judging = bool(model) and model not in asked
-        row = task if judging else self.book.find(session, items)
-        ref = self.book.reference(row, session) if row is not None else None
-        if row is None or ref is None:
-            return None
-        correct = self.book.correct(row, session, self.config.accuracy)
-        return self.book.judge(row, ref, correct, items) if judging else self.book.play(row, ref, correct, items)
 
     def _call_id(self, n: int = 0) -> str:
         return f"call_{self.calls:08d}_{n}" if n else f"call_{self.calls:08d}"
