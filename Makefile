@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install quickstart test lint faults clean
+.PHONY: install quickstart test test-all lint faults powercut clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gymbus needs Python 3.11+"'
@@ -22,11 +22,19 @@ quickstart: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest
 
+test-all: $(STAMP)
+	$(BIN)/pytest -m ''
+
 lint: $(STAMP)
 	$(BIN)/ruff check broker runtime functions tests images scripts
+	$(BIN)/lint-imports
+	$(BIN)/mypy broker runtime functions
 
 faults: $(STAMP)
 	$(BIN)/python scripts/faults.py
+
+powercut: $(STAMP)
+	$(BIN)/python scripts/powercut.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -23,7 +23,7 @@ import msgspec
 from broker.schemas import Options, Result, Start
 from runtime.errors import InputError
 from runtime.model.client import register
-from runtime.runs.routing import route
+from runtime.routing import route
 from runtime.sdk import Agent, Environment, load
 from runtime.testing import Harness, task_rows
 

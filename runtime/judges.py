@@ -5,8 +5,9 @@
 
 A call goes where the ``models`` KV bucket says the model named ``judge`` is served, with the policy
 client's routing (sticky per session, least in flight), retries and ``model_error`` past them, and a
-GenAI span. The runtime binds the rollout while its verifier and tools run (`bound`), so every call
-is counted per model (calls, tokens) into the Result's verifier info under ``models``.
+GenAI span: the worker binds its traced model client and the rollout while the verifier and tools run
+(`bound`; runtime/engine/clients.py), so every call is counted per model (calls, tokens) into the
+Result's verifier info under ``models``.
 
 ``fleet_limit`` bounds the calls in flight to that model across every replica of every worker: a
 semaphore in the KV store (bucket ``semaphores``), one key per slot, taken by compare-and-set create
@@ -47,33 +48,11 @@ class Binding:
 
 
 _BOUND: contextvars.ContextVar[Binding | None] = contextvars.ContextVar("gymbus_env_models", default=None)
-_CLIENTS: dict[int, tuple[Any, Any]] = {}
-"""Per broker connection (per worker): the model client and its traced wrapper."""
-
-
-def _client(js: JetStreamContext) -> Any:
-    """One traced model client per broker connection (per worker), made on first use."""
-    key = id(js._nc)
-    if key not in _CLIENTS:
-        from runtime.model.client import Endpoints, ModelClient
-        from runtime.telemetry.genai import TracedModel
-
-        client = ModelClient(Endpoints(js, None))
-        _CLIENTS[key] = (client, TracedModel(client))
-    return _CLIENTS[key][1]
-
-
-async def close_client(js: JetStreamContext) -> None:
-    """Close the model client environments opened on this connection (its worker is stopping)."""
-    opened = _CLIENTS.pop(id(js._nc), None)
-    if opened is not None:
-        await opened[0].close()
-
-
 @contextlib.contextmanager
-def bound(js: JetStreamContext, session: Session) -> Iterator[Binding]:
-    """Bind ``session`` for the environment code run inside (its model calls are made for it)."""
-    binding = Binding(js, session, None)
+def bound(js: JetStreamContext, session: Session, respond: Any = None) -> Iterator[Binding]:
+    """Bind ``session`` for the environment code run inside: its model calls go through ``respond``
+    (the worker's traced model client) and are made for this rollout."""
+    binding = Binding(js, session, respond)
     token = _BOUND.set(binding)
     try:
         yield binding
@@ -101,9 +80,10 @@ class Model:
         items = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
         session = msgspec.structs.replace(binding.session, model=self.name, options=Options())
         body = {**self.params, **params, "model": self.name}
-        respond = binding.respond or _client(binding.js)
+        if binding.respond is None:
+            raise RuntimeError(f"model {self.name!r}: this worker has no model client for its environment")
         async with self._slot(binding.js):
-            out = await respond(items, body, session)
+            out = await binding.respond(items, body, session)
         used = binding.usage.setdefault(self.name, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
         used["calls"] += 1
         used["input_tokens"] += out.usage.input_tokens

@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, get_type_hints
 
 import jsonschema
 import msgspec
@@ -235,12 +235,13 @@ class Environment:
     """Named models it calls (judges); a local run with the simulated policy has it serve them too."""
 
     def __post_init__(self) -> None:
-        self.tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
-        names = [t.name for t in self.tools]
+        tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
+        names = [t.name for t in tools]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise ValueError(f"environment {self.name!r} declares tool(s) {sorted(dupes)} more than once")
-        self.by_name: dict[str, Tool] = {t.name: t for t in self.tools}
+        self.tools = tools
+        self.by_name: dict[str, Tool] = {t.name: t for t in tools}
 
     def tool_specs(self) -> list[dict[str, Any]]:
         return [t.spec() for t in self.by_name.values()]
@@ -296,13 +297,10 @@ class Finish:
 Action = CallTools | Finish
 
 
-class Respond:
+class Respond(Protocol):
     """Calls the policy model for one session; provided by the runtime (see ``runtime.model.client``)."""
 
-    async def __call__(
-        self, items: list[dict[str, Any]], params: dict[str, Any], session: Session
-    ) -> ModelOutput:  # pragma: no cover - protocol
-        raise NotImplementedError
+    async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput: ...
 
 
 @dataclass(frozen=True)

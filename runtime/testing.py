@@ -29,7 +29,8 @@ from broker.sessions import SessionStore
 from runtime.engine.worker import Worker
 from runtime.model.client import register
 from runtime.model.policy import AnswerBook
-from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.model.serving import InThread
+from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.sdk import Environment, Function, load
 
 _ids = itertools.count()

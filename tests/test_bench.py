@@ -52,9 +52,9 @@ def test_quick_bench_completes_every_rollout(tmp_path: Path) -> None:
     assert (tmp_path / "results.jsonl").read_text().count("\n") == 4
 
 
-def test_percentile_is_nearest_rank() -> None:
+def test_percentile_interpolates_as_every_other_figure_does() -> None:
     values = [float(x) for x in range(1, 101)]
-    assert (pct(values, 50), pct(values, 99), pct([], 50), pct([3.0], 99)) == (50.0, 99.0, 0.0, 3.0)
+    assert (pct(values, 50), pct(values, 99), pct([], 50), pct([3.0], 99)) == (50.5, 99.01, 0.0, 3.0)
 
 
 def test_flame_summary_groups_collapsed_stacks(tmp_path: Path) -> None:

@@ -77,7 +77,10 @@ def session() -> Session:
 
 
 def test_an_agent_sees_a_read_only_view_of_its_session() -> None:
-    ctx = sdk.AgentContext(session(), sdk.Respond())
+    async def respond(items: list, params: dict, s: Session) -> object:  # type: ignore[type-arg]
+        raise AssertionError("not called")
+
+    ctx = sdk.AgentContext(session(), respond)  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.session.run_id = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):

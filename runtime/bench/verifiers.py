@@ -133,7 +133,7 @@ async def measure(env: Environment, rows: list[dict[str, Any]], seconds: float) 
 
 
 async def run(seconds: float) -> list[dict[str, Any]]:
-    from runtime.runs.routing import catalog
+    from runtime.routing import catalog
     from runtime.testing import task_rows
 
     out = []

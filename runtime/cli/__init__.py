@@ -44,7 +44,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMANDS = [
+COMMANDS: list[tuple[Callable[..., None], str]] = [
     (run.collect, "collect"),
     (run.submit, "submit"),
     (run.replay, "replay"),

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from broker.schemas import FunctionCall, Msg, Seed, Session, Tools, Verify
+from runtime.engine.clients import env_client
 from runtime.engine.records import build_result, end
 from runtime.engine.transitions import Delivery, Runtime, transition
 from runtime.errors import GymError, InvalidInput, ToolError, VerifierError
@@ -39,7 +40,7 @@ async def _seed(env: Environment, s: Session) -> None:
 
 
 async def _tools(rt: Runtime, env: Environment, s: Session) -> None:
-    with bound(rt.js, s):  # a tool may call a named model for this rollout
+    with bound(rt.js, s, env_client(rt.js)):  # a tool may call a named model for this rollout
         s.items.extend(await run_tools(env, s, s.pending))
     s.pending, s.phase = [], "model"
 
@@ -91,7 +92,7 @@ async def _verify(rt: Runtime, env: Environment, s: Session) -> None:
     started = time.perf_counter()
     try:
         rollout = Rollout(output=s.items[s.n_input :], state=s.env_state)
-        with bound(rt.js, s) as models:  # the verifier may call named models (judges) for this rollout
+        with bound(rt.js, s, env_client(rt.js)) as models:  # the verifier may call named models (judges)
             verdict = await spans.verification(env.name, s.session_id, env.verify(task, rollout))
     except GymError:
         raise

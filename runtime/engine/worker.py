@@ -38,6 +38,7 @@ from broker.sessions import SessionStore
 from broker.topology import Limits, Role
 from runtime.engine import retry as policy
 from runtime.engine.agents import handle_agent
+from runtime.engine.clients import close_client
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.environments import handle_tool, handle_verify
 from runtime.engine.failures import fail, fail_by_ids
@@ -46,7 +47,6 @@ from runtime.engine.metrics import HttpServer, WorkerMetrics
 from runtime.engine.pull import Puller, Slots
 from runtime.engine.transitions import Delivery, Handler, Runtime
 from runtime.errors import RETRIED_KINDS, GymError, Retry
-from runtime.judges import close_client
 from runtime.model.client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
 from runtime.telemetry import genai, spans

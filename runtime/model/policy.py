@@ -180,7 +180,7 @@ def _rollout_index(session: str) -> int:
 
 
 def _env_of(row: dict[str, Any], default: str | None) -> str | None:
-    from runtime.runs.routing import route
+    from runtime.routing import route
 
     if default is None and "env" not in row and "agent_ref" not in row:
         return None
@@ -192,7 +192,7 @@ def _env_of(row: dict[str, Any], default: str | None) -> str | None:
 
 
 def _reference(row: Row, rollout: int, known: dict[str, Any]) -> Reference | None:
-    from runtime.runs.routing import environment
+    from runtime.routing import environment
 
     env = (known.get(row.env) or environment(row.env)) if row.env else None
     if env is None or env.reference is None:

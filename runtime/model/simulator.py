@@ -4,8 +4,8 @@ For a task whose environment gives a reference (what a perfect model answers, an
 answer: runtime/reference.py), it plays that script turn by turn, the right one with a configured
 probability (runtime/model/policy.py); a call for another model (a judge) gets the reference's judge
 answer. For other tasks it answers from an answer key (the task files it is given, matched by the
-prompt), right with that probability; when the request offers tools and no tool output is in the
-conversation yet, it calls the first tool first. Every answer comes after a configured latency.
+task's prompt), right with that probability; when the request offers tools and no tool output is in
+the conversation yet, it calls the first tool first. Every answer comes after a configured latency.
 It never sees the verifier's fields through the request: only the task files it was started with.
 Its draws depend on the seed, the prompt (or task) and the rollout index (header
 ``X-Gymbus-Session``), so two runs with the same seed agree.
@@ -30,15 +30,12 @@ import hashlib
 import json
 import logging
 import os
-import socket
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -46,6 +43,7 @@ from starlette.routing import Route
 
 from runtime.items import last_user_text
 from runtime.model.policy import AnswerBook
+from runtime.model.serving import bind, server
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -202,9 +200,9 @@ class Simulator:
             finally:
                 self.in_flight -= 1
         played = self.book.answer(items, session, model, self.config.model, self.config.accuracy) if self.book else None
+        if played is not None and played.calls:
+            return {"tools": [(c.name, c.arguments) for c in played.calls]}
         if played is not None:
-            if played.calls:
-                return {"tools": [(c.name, c.arguments) for c in played.calls]}
             return {"text": played.text or ""}
         prompt = (self.book.task_prompt(items, session) if self.book else None) or prompt_text(items)
         answer = self.key.get(prompt)
@@ -221,8 +219,8 @@ class Simulator:
             answer = _wrong(answer)
         return {"text": f"Working it through, the answer is \\boxed{{{answer}}}."}
 
-    def _call_id(self, n: int = 0) -> str:
-        return f"call_{self.calls:08d}_{n}" if n else f"call_{self.calls:08d}"
+    def _call_id(self, k: int = 0) -> str:
+        return f"call_{self.calls:08d}_{k}" if k else f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
         fault = await self._fault(request)
@@ -232,40 +230,6 @@ class Simulator:
         items = body.get("input", [])
         sid = request.headers.get(SESSION_HEADER, "")
         said = await self.decide(items, body.get("tools") or [], sid, body.get("model", ""))
-        think = self.config.reasoning
-        output: list[dict[str, Any]] = []
-        if think == "field":
-            output.append(
-                {
-                    "type": "reasoning",
-                    "id": f"rs_{self.calls}",
-                    "summary": [],
-                    "content": [{"type": "reasoning_text", "text": THOUGHT}],
-                }
-            )
-        if "tools" in said:
-            output += [
-                {
-                    "type": "function_call",
-                    "id": f"fc_{self.calls}_{n}" if n else f"fc_{self.calls}",
-                    "call_id": self._call_id(n),
-                    "name": name,
-                    "arguments": json.dumps(args),
-                    "status": "completed",
-                }
-                for n, (name, args) in enumerate(said["tools"])
-            ]
-        else:
-            text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
-            output += [
-                {
-                    "type": "message",
-                    "id": f"msg_{self.calls}",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}],
-                }
-            ]
         n_in = len(json.dumps(items)) // 4
         return self._reply(
             {
@@ -274,10 +238,28 @@ class Simulator:
                 "created_at": int(time.time()),
                 "status": "completed",
                 "model": body.get("model", self.config.model),
-                "output": output,
+                "output": self._output_items(said),
                 "usage": {"input_tokens": n_in, "output_tokens": 12, "total_tokens": n_in + 12},
             }
         )
+
+    def _output_items(self, said: dict[str, Any]) -> list[dict[str, Any]]:
+        """What the 'model' said, as Responses output items (reasoning first, when it thinks)."""
+        think, n = self.config.reasoning, self.calls
+        output: list[dict[str, Any]] = []
+        if think == "field":
+            thought = [{"type": "reasoning_text", "text": THOUGHT}]
+            output.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "content": thought})
+        if "tools" in said:
+            return output + [
+                {"type": "function_call", "id": f"fc_{n}_{k}" if k else f"fc_{n}", "call_id": self._call_id(k)}
+                | {"name": name, "arguments": json.dumps(args), "status": "completed"}
+                for k, (name, args) in enumerate(said["tools"])
+            ]
+        text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
+        content: list[dict[str, Any]] = [{"type": "output_text", "text": text, "annotations": []}]
+        message = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed"}
+        return [*output, {**message, "content": content}]
 
     async def chat(self, request: Request) -> Response:
         fault = await self._fault(request)
@@ -287,36 +269,14 @@ class Simulator:
         messages = body.get("messages", [])
         session = request.headers.get(SESSION_HEADER, "")
         prompt = render(messages)
-        limit = self.config.max_prompt_tokens
-        if limit and len(toy_tokens(prompt)) > limit:
-            message = (
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(toy_tokens(prompt))} tokens in the messages. Please reduce the length of the messages."
-            )
-            return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+        too_long = self._too_long(prompt)
+        if too_long is not None:
+            return too_long
         said = await self.decide(messages, body.get("tools") or [], session, body.get("model", ""))
-        if "tools" in said:
-            message = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": self._call_id(n),
-                        "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(args)},
-                    }
-                    for n, (name, args) in enumerate(said["tools"])
-                ],
-            }
-            finish = "tool_calls"
-        else:
-            message, finish = {"role": "assistant", "content": said["text"]}, "stop"
-        if self.config.reasoning == "tags":
-            message["content"] = f"<think>{THOUGHT}</think>{message['content'] or ''}"
-        elif self.config.reasoning == "field":
-            message["reasoning"] = THOUGHT
+        message, finish = self._chat_message(said)
         generated = toy_tokens((message.get("reasoning") or "") + turn_text(message))
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        prompt_ids = toy_tokens(prompt)
         answer: dict[str, Any] = {
             "id": f"chatcmpl-{self.calls}",
             "object": "chat.completion",
@@ -324,28 +284,59 @@ class Simulator:
             "model": body.get("model", self.config.model),
             "choices": [choice],
             "usage": {
-                "prompt_tokens": len(toy_tokens(prompt)),
+                "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(generated),
-                "total_tokens": len(toy_tokens(prompt)) + len(generated),
+                "total_tokens": len(prompt_ids) + len(generated),
             },
         }
         if body.get("return_token_ids"):  # vLLM >= 0.10.2
-            answer["prompt_token_ids"] = toy_tokens(prompt)
+            answer["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = generated
         if body.get("logprobs"):
-            as_ids = body.get("return_tokens_as_token_ids")
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": f"token_id:{t}" if as_ids else chr(t - TOKEN_OFFSET),
-                        "logprob": self._logprob(session, prompt, i),
-                        "bytes": [t - TOKEN_OFFSET],
-                        "top_logprobs": [],
-                    }
-                    for i, t in enumerate(generated)
-                ]
-            }
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = self._logprobs(generated, session, prompt, as_ids)
         return self._reply(answer)
+
+    def _too_long(self, prompt: str) -> Response | None:
+        """vLLM's 400 for a prompt over the context length, when one is configured."""
+        limit, n = self.config.max_prompt_tokens, len(toy_tokens(prompt))
+        if not limit or n <= limit:
+            return None
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{n} tokens in the messages. Please reduce the length of the messages."
+        )
+        return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+
+    def _chat_message(self, said: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """What the 'model' said, as a Chat Completions assistant message and its finish reason."""
+        if "tools" in said:
+            calls = [
+                {"id": self._call_id(k), "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                for k, (name, args) in enumerate(said["tools"])
+            ]
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls"
+        else:
+            message, finish = {"role": "assistant", "content": said["text"]}, "stop"
+        if self.config.reasoning == "tags":
+            message["content"] = f"<think>{THOUGHT}</think>{message['content'] or ''}"
+        elif self.config.reasoning == "field":
+            message["reasoning"] = THOUGHT
+        return message, finish
+
+    def _logprobs(self, generated: list[int], session: str, prompt: str, as_ids: bool) -> dict[str, Any]:
+        return {
+            "content": [
+                {
+                    "token": f"token_id:{t}" if as_ids else chr(t - TOKEN_OFFSET),
+                    "logprob": self._logprob(session, prompt, i),
+                    "bytes": [t - TOKEN_OFFSET],
+                    "top_logprobs": [],
+                }
+                for i, t in enumerate(generated)
+            ]
+        }
 
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse(
@@ -372,19 +363,6 @@ class Simulator:
         return app
 
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets TCP_NODELAY
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
-def _server(app: Starlette) -> uvicorn.Server:
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2)
-    return uvicorn.Server(config)
-
-
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
     faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
@@ -401,26 +379,4 @@ def run(sim: Simulator, host: str = "127.0.0.1", port: int = 0) -> None:
     url = f"http://{host}:{sock.getsockname()[1]}/v1"
     log.warning(banner(sim, url))
     print(json.dumps({"url": url, "simulated": True}), flush=True)
-    asyncio.run(_server(sim.app()).serve(sockets=[sock]))
-
-
-class InThread:
-    """Serve an ASGI app from a thread on a free port (tests, and the in-process CLI)."""
-
-    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.sock = bind(host, port)
-        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = _server(app)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True)
-
-    def __enter__(self) -> InThread:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+    asyncio.run(server(sim.app()).serve(sockets=[sock]))

@@ -40,7 +40,7 @@ from runtime.runs import rollouts
 from runtime.runs.config import ModelConfig, RunConfig
 from runtime.runs.feed import ResultsFeed
 from runtime.runs.folder import RunFolder
-from runtime.runs.models import register_model, urls_of, writer
+from runtime.runs.models import describe_endpoints, register_model, urls_of, writer
 from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
@@ -154,7 +154,10 @@ class Collector:
         cfg, urls = self.cfg, urls_of(self.cfg.model.base_url)
         if self.stack is None:
             await check_served(js, cfg, self.plan.functions)
-            self.plan.model = {**await _registered(js, cfg.model.name), **self.plan.model}
+            registered = await _registered(js, cfg.model.name)
+            if registered["endpoints"] and not self.plan.model:
+                registered.update(await describe_endpoints(registered["endpoints"], cfg.model.name))
+            self.plan.model = {**registered, **self.plan.model}
         else:
             if not urls:
                 sim = cfg.model.simulate

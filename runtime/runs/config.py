@@ -44,7 +44,7 @@ class ModelConfig(Strict):
     simulate: SimulateConfig = msgspec.field(default_factory=SimulateConfig)
 
 
-class LimitsConfig(Options, forbid_unknown_fields=True, kw_only=True):
+class LimitsConfig(Options, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Same fields as the wire ``Options``."""
 
     def options(self) -> Options:

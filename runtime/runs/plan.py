@@ -7,19 +7,20 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
 from broker import names, topology
 from broker.schemas import RunIdentity
+from broker.topology import Role
 from runtime.errors import InputError
 from runtime.runs import identity as identities
 from runtime.runs.config import RunConfig
 from runtime.runs.models import check_endpoints, urls_of
 from runtime.runs.routing import route_tasks
 from runtime.runs.tasks import TaskRow, read_tasks
-from runtime.sdk import Agent, Environment, Function, load
+from runtime.sdk import Agent, Environment, load
 
 log = logging.getLogger("gymbus.collect")
 
@@ -44,7 +45,7 @@ class Plan:
     model: dict[str, Any] = field(default_factory=dict)
     """What the pre-flight check learnt of the model endpoints (for metadata.json)."""
     envs: dict[str, Environment] = field(default_factory=dict)
-    """Every environment the rows run on that imports here (a run may mix them: runs/routing.py)."""
+    """Every environment the rows run on that imports here (a run may mix them: runtime/routing.py)."""
 
     @cached_property
     def functions(self) -> list[tuple[str, str]]:
@@ -83,6 +84,7 @@ async def prepare(cfg: RunConfig, run_id: str | None, *, check_model: bool = Tru
 
 def _load_functions(cfg: RunConfig) -> Environment | None:
     """The environment (and, for a local run, the agent) the run names, checked to be what it says."""
+    env: Environment | None
     try:
         env = _load(cfg.env_ref or cfg.env, "env", cfg.env, Environment)
     except InputError as exc:
@@ -92,10 +94,13 @@ def _load_functions(cfg: RunConfig) -> Environment | None:
         env = None
     if not cfg.nats:
         _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent)
-    return env  # type: ignore[return-value]
+    return env
 
 
-def _load(ref: str, key: str, name: str, kind: type) -> Function:
+F = TypeVar("F", Agent, Environment)
+
+
+def _load(ref: str, key: str, name: str, kind: type[F]) -> F:
     try:
         fn = load(ref)
     except (LookupError, ImportError) as exc:
@@ -110,10 +115,12 @@ def _load(ref: str, key: str, name: str, kind: type) -> Function:
 async def check_served(js: JetStreamContext, cfg: RunConfig, functions: list[tuple[str, str]] | None = None) -> None:
     """With a remote broker, refuse to submit to functions no worker has ever served."""
     pairs = functions or [(cfg.agent, cfg.env)]
-    wanted = dict.fromkeys((role, name) for a, e in pairs for role, name in (("agent", a), ("tool", e), ("verify", e)))
-    for role, name in wanted:
-        if not await topology.has_consumer(js, role, name):  # type: ignore[arg-type]
-            subject = topology.subject(role, name)  # type: ignore[arg-type]
+    served: list[tuple[Role, str]] = list(
+        dict.fromkeys(pair for a, e in pairs for pair in (("agent", a), ("tool", e), ("verify", e)))  # type: ignore[misc]
+    )
+    for role, name in served:
+        if not await topology.has_consumer(js, role, name):
+            subject = topology.subject(role, name)
             raise InputError(
                 f"no worker serves {subject} (it has no consumer yet): start one with `gymbus worker {name} --nats URL`"
             )

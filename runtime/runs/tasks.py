@@ -20,7 +20,7 @@ class TaskRow:
     error: str | None = None
     """Why the line is not a task, or cannot run (its rollouts fail with this reason, before any model call)."""
     agent: str | None = None
-    """The agent the row runs on, when it is not the run's (see runtime/runs/routing.py)."""
+    """The agent the row runs on, when it is not the run's (see runtime/routing.py)."""
     env: str | None = None
     """The environment the row runs on, when it is not the run's."""
 
