@@ -55,6 +55,18 @@ class Report:
     def ok(self) -> bool:
         return bool(self.tasks) and all(t.ok for t in self.tasks)
 
+    def right(self, task: int) -> Result:
+        """Task ``task``'s Result at accuracy 1 (it must have ended)."""
+        result = self.tasks[task].right
+        assert result is not None, f"task {task} never ended at accuracy 1"
+        return result
+
+    def wrong(self, task: int) -> Result:
+        """Task ``task``'s Result at accuracy 0 (it must have ended)."""
+        result = self.tasks[task].wrong
+        assert result is not None, f"task {task} never ended at accuracy 0"
+        return result
+
 
 def examples_of(env: Environment, ref: str) -> Path:
     """The environment's example tasks: ``data/example.jsonl`` next to its module."""

@@ -53,7 +53,7 @@ class OffLoop:
                 self.workers, mp_context=context, initializer=_import_paths, initargs=(paths,)
             )
             self._warm = [self._pool.submit(_ready) for _ in range(self.workers)]
-            self._modules: set[str] = set()
+            self._modules = set()
         return self._pool, self._warm
 
     async def run(self, fn: Callable[..., T], *args: Any, timeout_s: float) -> T:

@@ -47,7 +47,7 @@ def _turns(script: Turn | Sequence[Turn]) -> tuple[str | tuple[Call, ...], ...]:
         elif isinstance(turn, Call):
             out.append((turn,))
         elif isinstance(turn, Sequence) and turn and all(isinstance(c, Call) for c in turn):
-            out.append(tuple(turn))
+            out.append(tuple(c for c in turn if isinstance(c, Call)))
         else:
             raise TypeError(f"a reference turn is a text, a Call or a list of Calls, not {turn!r}")
     if not out:

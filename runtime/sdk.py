@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, get_type_hints, overload
 
 import jsonschema
 import msgspec
@@ -25,6 +25,7 @@ from runtime.items import function_calls, message_text
 from runtime.judges import Model
 from runtime.offload import offload
 from runtime.reference import Call, Reference, call
+from runtime.taskrows import STEP_REWARDS, convert_meta
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelOutput
@@ -85,21 +86,12 @@ class Context(Generic[M]):
         self.state.setdefault(STEP_REWARDS, []).append(float(value))
 
 
-STEP_REWARDS = "_step_rewards"
-"""Where `Context.step_reward` keeps the step rewards in the environment's state."""
-
-
 @dataclass(frozen=True)
 class Rollout:
     """What the verifier scores: every item the rollout produced, and the final text."""
 
     output: list[dict[str, Any]]
     state: dict[str, Any]
-
-    @property
-    def step_rewards(self) -> list[float]:
-        """The rewards the tools recorded step by step (`Context.step_reward`)."""
-        return list(self.state.get(STEP_REWARDS, []))
 
     @property
     def text(self) -> str:
@@ -179,6 +171,14 @@ class Tool:
         return await (self.fn(ctx, **args) if self.wants_context else self.fn(**args))
 
 
+@overload
+def tool(fn: ToolFn, *, name: str | None = None, context: bool = False) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None, context: bool = False) -> Callable[[ToolFn], Tool]: ...
+
+
 def tool(
     fn: ToolFn | None = None, *, name: str | None = None, context: bool = False
 ) -> Tool | Callable[[ToolFn], Tool]:
@@ -222,15 +222,13 @@ class Environment:
     meta: type | None = None
     """A msgspec Struct for the task's verifier fields; validated (naming the field) before use."""
     reference: ReferenceFn | None = None
-    """What a perfect model answers for a task, and a plausible wrong answer (`Reference`): played by the
-    simulated policy and checked by ``gymbus check``."""
+    """A perfect and a plausibly wrong answer to a task: the simulated policy plays it, ``gymbus check`` proves it."""
     reward_range: tuple[float, float] = (0.0, 1.0)
     """The lowest and highest reward the verifier gives (``gymbus check`` expects both)."""
     accepts: Sequence[str] = ()
-    """NeMo Gym resources servers whose rows it takes unchanged; a row's ``agent_ref`` naming one
-    (``<server>_..._agent``) is routed here."""
+    """NeMo Gym resources servers whose rows it takes: a row's ``agent_ref`` naming one routes here."""
     agent: str = "simple_agent"
-    """The agent of rows that name none (routed by ``env`` or ``agent_ref``)."""
+    """The agent of rows routed here that name none."""
     models: Sequence[Model] = ()
     """Named models it calls (judges); a local run with the simulated policy has it serve them too."""
 
@@ -257,29 +255,7 @@ class Environment:
 
     def check_meta(self, meta: Mapping[str, Any]) -> Any:
         """The task's verifier fields as ``meta`` declares them; InvalidInput names the field and this environment."""
-        if self.meta is None:
-            return meta
-        try:
-            return msgspec.convert(meta, self.meta)
-        except msgspec.ValidationError as exc:
-            raise InvalidInput(f"environment {self.name!r}: {_row_error(str(exc))}") from exc
-
-    def task_of(self, row: Mapping[str, Any], index: int = 0, rollout_index: int = 0) -> Task[Any]:
-        """A task row (NeMo Gym-shaped) as this environment's `Task` (the simulated policy, ``gymbus check``)."""
-        params = dict(row.get("responses_create_params") or {})
-        raw = params.pop("input", [])
-        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw)
-        meta = {k: v for k, v in row.items() if k != "responses_create_params"}
-        return Task(index=index, rollout_index=rollout_index, meta=self.check_meta(meta), params=params, input=items)
-
-
-def _row_error(error: str) -> str:
-    """A msgspec error about the meta, told of the task row (whose top level the meta is)."""
-    missing = "Object missing required field "
-    if error.startswith(missing):
-        field, _, at = error[len(missing) :].partition(" - at ")
-        return f"the task row has no field {field}{' under ' + at if at else ''} (required)"
-    return f"task field {error.replace('`$', '`$.meta', 1)}"
+        return convert_meta(self.name, self.meta, meta)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ async def _policy(h: Harness, **faults: typing.Any) -> None:
 
 async def judge_error(h: Harness) -> None:
     """llm_judge with a judge that answers without a verdict."""
-    from runtime.model.simulator import InThread, SimConfig, Simulator
+    from runtime.model.serving import InThread
+    from runtime.model.simulator import SimConfig, Simulator
     from runtime.testing import task_rows
 
     examples = fs.ROOT / "functions" / "llm_judge" / "data" / "example.jsonl"

@@ -98,8 +98,8 @@ def extract(text: str, meta: Meta) -> str | None:
             found = _letter_of(after_answer_colon(text, markdown=True), meta, by_text=True)
             return found or _letter_of(last_boxed(text), meta, by_text=False)
         case "last_letter":
-            found = [x for x in _STANDALONE.findall(text) if x in meta.letters]
-            return found[-1] if found else None
+            letters = [x for x in _STANDALONE.findall(text) if x in meta.letters]
+            return letters[-1] if letters else None
 
 
 async def verify(task: Task[Meta], rollout: Rollout) -> Verdict:

@@ -125,7 +125,7 @@ def run(gold: str, candidate: str, context: str, dialect: str, ordered: bool | N
         db.close()
     in_order = ordered if ordered is not None else bool(sqlglot.parse_one(gold_sql, read="sqlite").args.get("order"))
     same = got == want if in_order else Counter(got) == Counter(want)
-    info = {"rows": len(got), "expected_rows": len(want), "order_aware": in_order}
+    info: dict[str, Any] = {"rows": len(got), "expected_rows": len(want), "order_aware": in_order}
     if not same:
         info["reason"] = "result sets differ" + (" (or their order)" if in_order else "")
     return {"reward": float(same), "info": info}

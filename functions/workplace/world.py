@@ -137,7 +137,7 @@ def create_event(w: World, event_name: str, participant_email: str, event_start:
         "duration": duration,
     }
     w["events"].append(new)
-    return new["event_id"]
+    return str(new["event_id"])
 
 
 def delete_event(w: World, event_id: str) -> str:
@@ -174,7 +174,8 @@ def replay(world: World, calls: list[dict[str, Any]]) -> World:
         args = json.loads(c["arguments"]) if isinstance(c.get("arguments"), str) else c.get("arguments") or {}
         if c["name"] not in OPERATIONS:
             raise WorldError(f"ground truth calls an unknown tool {c['name']!r}")
-        OPERATIONS[c["name"]](world, **args)
+        operation: Any = OPERATIONS[c["name"]]
+        operation(world, **args)
     return world
 
 

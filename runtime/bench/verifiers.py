@@ -27,6 +27,7 @@ from runtime import judges
 from runtime.model.client import ModelOutput
 from runtime.reference import Call, Reference
 from runtime.sdk import Context, Environment, Rollout, Task
+from runtime.taskrows import task_of
 
 FUNCTIONS = Path(__file__).resolve().parents[2] / "functions"
 
@@ -110,7 +111,7 @@ async def measure(env: Environment, rows: list[dict[str, Any]], seconds: float) 
     )
     costs: list[float] = []
     for i, row in enumerate(rows):
-        task = env.task_of(row, i, 0)
+        task = task_of(env, row, i, 0)
         ref = _reference(env, task)
         if ref is None:
             continue

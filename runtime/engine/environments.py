@@ -14,6 +14,7 @@ from runtime.engine.transitions import Delivery, Runtime, transition
 from runtime.errors import GymError, InvalidInput, ToolError, VerifierError
 from runtime.judges import bound
 from runtime.sdk import Context, Environment, Rollout, Verdict
+from runtime.taskrows import step_rewards
 from runtime.telemetry import genai, spans
 
 
@@ -101,8 +102,8 @@ async def _verify(rt: Runtime, env: Environment, s: Session) -> None:
     finally:
         s.timings.verify_s += time.perf_counter() - started
     reward, info = _reward(env, verdict)
-    if rollout.step_rewards:
-        info = {**info, "step_rewards": rollout.step_rewards}
+    if steps := step_rewards(s.env_state):
+        info = {**info, "step_rewards": steps}
     if models.usage:
         info = {**info, "models": models.usage}
     end(s, build_result(s, reward=reward, verifier=info))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.schemas import parse_session_id
 from runtime.items import last_user_text, message_text
 from runtime.reference import Call, Reference
 
@@ -170,13 +171,17 @@ class AnswerBook:
 
 
 def _task_index(session: str) -> int | None:
-    parts = session.rsplit(".", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+    try:
+        return parse_session_id(session)[1]
+    except ValueError:
+        return None
 
 
 def _rollout_index(session: str) -> int:
-    tail = session.rsplit(".", 1)[-1] if session else ""
-    return int(tail) if tail.isdigit() else 0
+    try:
+        return parse_session_id(session)[2]
+    except ValueError:
+        return 0
 
 
 def _env_of(row: dict[str, Any], default: str | None) -> str | None:
@@ -193,12 +198,13 @@ def _env_of(row: dict[str, Any], default: str | None) -> str | None:
 
 def _reference(row: Row, rollout: int, known: dict[str, Any]) -> Reference | None:
     from runtime.routing import environment
+    from runtime.taskrows import task_of
 
     env = (known.get(row.env) or environment(row.env)) if row.env else None
     if env is None or env.reference is None:
         return None
     try:
-        return env.reference(env.task_of(row.row, row.index, rollout))
+        return env.reference(task_of(env, row.row, row.index, rollout))
     except Exception as exc:  # a row its environment refuses: the rollout fails there, not here
         log.debug("no reference for task %d: %s", row.index, exc)
         return None

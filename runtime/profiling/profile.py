@@ -23,6 +23,7 @@ import msgspec
 
 from broker.schemas import Result, Timings, Usage
 from runtime.errors import UsageError
+from runtime.profiling.components import component_stats, components_of
 from runtime.profiling.estimators import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
 from runtime.rows import result_from_row
 
@@ -58,7 +59,7 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     def of(cls, r: Result) -> Sample:
         return cls(
             env=r.env,
-            components=_components(r.verifier),
+            components=components_of(r.verifier),
             session_id=r.session_id,
             task_index=r.task_index,
             rollout_index=r.rollout_index,
@@ -70,13 +71,6 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
             timings=r.timings,
             usage=r.usage,
         )
-
-
-def _components(verifier: dict[str, Any]) -> dict[str, float]:
-    raw = verifier.get("components")
-    if not isinstance(raw, dict):
-        return {}
-    return {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _answer(verifier: dict[str, Any]) -> str | None:
@@ -225,18 +219,10 @@ def build(
         tasks_always_passed=sum(1 for t in rated if t.passed == t.scored),
         latency=latency(ordered),
         throughput=_throughput(ordered),
-        components=_component_stats(scored),
+        components=component_stats([s.components for s in scored]),
         by_env=_by_env(info, ordered, source),
     )
     return profile, tasks
-
-
-def _component_stats(scored: list[Sample]) -> dict[str, Stats]:
-    values: dict[str, list[float]] = defaultdict(list)
-    for s in scored:
-        for name, v in s.components.items():
-            values[name].append(v)
-    return {name: describe(v) for name, v in sorted(values.items())}
 
 
 def _by_env(info: RunInfo, samples: list[Sample], source: Literal["live", "offline"]) -> dict[str, Profile]:

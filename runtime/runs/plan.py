@@ -116,7 +116,7 @@ async def check_served(js: JetStreamContext, cfg: RunConfig, functions: list[tup
     """With a remote broker, refuse to submit to functions no worker has ever served."""
     pairs = functions or [(cfg.agent, cfg.env)]
     served: list[tuple[Role, str]] = list(
-        dict.fromkeys(pair for a, e in pairs for pair in (("agent", a), ("tool", e), ("verify", e)))  # type: ignore[misc]
+        dict.fromkeys(pair for a, e in pairs for pair in (("agent", a), ("tool", e), ("verify", e)))
     )
     for role, name in served:
         if not await topology.has_consumer(js, role, name):

@@ -27,10 +27,10 @@ def test_a_deal_is_the_same_wherever_it_is_replayed() -> None:
 async def test_check_passes_both_ways_with_step_rewards() -> None:
     report = await check("blackjack")
     assert report.ok, [t.problems for t in report.tasks]
-    for t in report.tasks:
-        steps = t.wrong.verifier["step_rewards"]
+    for i in range(len(report.tasks)):
+        steps = report.wrong(i).verifier["step_rewards"]
         assert steps[-1] == -1.0 and all(s == 0.0 for s in steps[:-1])  # hits until the bust
-        assert t.right.verifier["step_rewards"][-1] == 1.0
+        assert report.right(i).verifier["step_rewards"][-1] == 1.0
 
 
 NEMO_ROWS = [  # NeMo Gym blackjack rows' shape: a system prompt and a gymnasium agent_ref, nothing else

@@ -13,7 +13,9 @@ from runtime.testing import collect_rows
 async def test_check_passes_both_ways() -> None:
     report = await check("counter")
     assert report.ok, [t.problems for t in report.tasks]
-    assert all(t.right.timings.tool_calls == 2 for t in report.tasks)  # the state went through real tool calls
+    assert all(
+        report.right(i).timings.tool_calls == 2 for i in range(len(report.tasks))
+    )  # the state went through real tool calls
 
 
 def _tool(name: str, properties: dict) -> dict:

@@ -62,7 +62,7 @@ async def test_the_swap_check_cancels_position_bias(harness: Harness) -> None:
 async def test_check_passes_both_ways() -> None:
     report = await check("genrm_compare")
     assert report.ok, [t.problems for t in report.tasks]
-    assert report.tasks[0].right.verifier["models"]["genrm"]["calls"] == 2
+    assert report.right(0).verifier["models"]["genrm"]["calls"] == 2
 
 
 CONVERSATION = [

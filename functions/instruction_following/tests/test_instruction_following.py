@@ -12,7 +12,7 @@ from runtime.checking import check
 from runtime.errors import InvalidInput
 from runtime.testing import collect_rows
 
-CASES = {  # instruction -> (kwargs, a response that follows it, one that does not)
+CASES: dict[str, tuple[dict, str, str]] = {  # instruction -> (kwargs, a response that follows it, one that does not)
     "keywords:existence": ({"keywords": ["owl"]}, "An owl hoots.", "A cat meows."),
     "keywords:frequency": ({"keyword": "go", "frequency": 2, "relation": "at least"}, "go go", "go"),
     "keywords:forbidden_words": ({"forbidden_words": ["bad"]}, "good", "not bad"),
@@ -85,7 +85,7 @@ def test_bad_rows_name_what_is_wrong() -> None:
 async def test_check_passes_both_ways() -> None:
     report = await check("instruction_following")
     assert report.ok, [t.problems for t in report.tasks]
-    followed = report.tasks[3].right.verifier["followed"]
+    followed = report.right(3).verifier["followed"]
     assert followed == dict.fromkeys(followed, True) and len(followed) == 3
 
 

@@ -16,7 +16,8 @@ from runtime import judges
 from runtime.checking import check
 from runtime.errors import JudgeError
 from runtime.model.client import ModelOutput, register
-from runtime.model.simulator import InThread, SimConfig, Simulator
+from runtime.model.serving import InThread
+from runtime.model.simulator import SimConfig, Simulator
 from runtime.sdk import Rollout, Task
 from runtime.testing import Harness, collect_rows, task_rows
 
@@ -32,9 +33,9 @@ def test_verdicts() -> None:
 async def test_check_passes_both_ways_and_records_judge_usage() -> None:
     report = await check("llm_judge")
     assert report.ok, [t.problems for t in report.tasks]
-    usage = report.tasks[0].right.verifier["models"]["judge"]
+    usage = report.right(0).verifier["models"]["judge"]
     assert usage["calls"] == 2 and usage["input_tokens"] > 0  # the swap check asked twice
-    assert report.tasks[0].right.verifier["swap_agree"] is True
+    assert report.right(0).verifier["swap_agree"] is True
 
 
 async def test_swap_disagreement_is_recorded_and_scored_per_row(harness: Harness) -> None:

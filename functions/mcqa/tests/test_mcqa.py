@@ -56,10 +56,11 @@ async def test_check_passes_both_ways() -> None:
     report = await check("mcqa")
     assert report.ok, [t.problems for t in report.tasks]
     assert len(report.tasks) >= 8
-    assert {t.right.reward for t in report.tasks} == {1.0} and {t.wrong.reward for t in report.tasks} == {0.0}
+    assert {report.right(i).reward for i in range(len(report.tasks))} == {1.0}
+    assert {report.wrong(i).reward for i in range(len(report.tasks))} == {0.0}
 
 
-NEMO_ROWS = [  # NeMo Gym mcqa rows' shape: options as one-key objects, a letter, a grading mode, a uuid
+NEMO_ROWS: list[dict] = [  # NeMo Gym mcqa rows' shape: options as one-key objects, a letter, a grading mode, a uuid
     {
         "responses_create_params": {
             "input": [{"role": "user", "content": "Which is a mammal?\nA: Trout\nB: Dolphin\nC: Gecko"}]

@@ -68,7 +68,7 @@ async def test_check_passes_both_ways() -> None:
     assert report.ok, [t.problems for t in report.tasks]
 
 
-NEMO_ROWS = [
+NEMO_ROWS: list[dict] = [
     {  # text_to_sql's shape (MySQL dialect)
         "responses_create_params": {
             "input": [

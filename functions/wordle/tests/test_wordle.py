@@ -28,8 +28,8 @@ def test_feedback(guess: str, target: str, marks: str) -> None:
 async def test_check_passes_both_ways_and_records_step_rewards() -> None:
     report = await check("wordle")
     assert report.ok, [t.problems for t in report.tasks]
-    assert report.tasks[0].right.verifier["step_rewards"] == [1.0]
-    assert report.tasks[0].wrong.verifier["step_rewards"] == [0.0] * 6
+    assert report.right(0).verifier["step_rewards"] == [1.0]
+    assert report.wrong(0).verifier["step_rewards"] == [0.0] * 6
 
 
 def _tool(name: str, props: dict) -> dict:

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from functions.workplace import world as w
+from functions.workplace.env import ENVIRONMENT as ENV
 from runtime.checking import check
 from runtime.errors import InvalidInput
-from runtime.sdk import load
 from runtime.testing import collect_rows
-
-ENV = load("workplace")
 
 
 def test_the_same_actions_in_another_order_end_equal() -> None:
@@ -36,7 +34,7 @@ def test_a_ground_truth_that_does_not_replay_is_invalid_input() -> None:
 async def test_check_passes_both_ways() -> None:
     report = await check("workplace")
     assert report.ok, [t.problems for t in report.tasks]
-    assert "differs" in report.tasks[0].wrong.verifier  # what was expected and not done
+    assert "differs" in report.wrong(0).verifier  # what was expected and not done
 
 
 WORLD = {
