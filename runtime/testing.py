@@ -33,6 +33,7 @@ from broker.sessions import SessionStore
 from runtime.engine.worker import Worker
 from runtime.errors import UsageError
 from runtime.model.client import register
+from runtime.model.policy import AnswerBook
 from runtime.model.serving import InThread
 from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.sdk import Agent, Environment, Function, load
@@ -120,9 +121,15 @@ class Harness:
             self._sim_server.__exit__()
         await asyncio.to_thread(self.broker.close)
 
-    async def simulate(self, *task_files: str | Path, model: str = "policy", **config: Any) -> str:
-        """Start the simulated policy in a thread and register it as ``model``; returns its base URL."""
-        self.sim = Simulator(load_answer_key(task_files), SimConfig(model=model, **config))
+    async def simulate(
+        self, *task_files: str | Path, model: str = "policy", env: str | Environment | None = None, **config: Any
+    ) -> str:
+        """Start the simulated policy in a thread and register it as ``model``; returns its base URL.
+        ``env`` is the environment of rows that name none: its reference is what the policy plays."""
+        known = env if isinstance(env, Environment) else None
+        name = env.name if isinstance(env, Environment) else env
+        book = AnswerBook.from_files(task_files, env=name, seed=config.get("seed", 0), known=known)
+        self.sim = Simulator(load_answer_key(task_files), SimConfig(model=model, **config), book=book)
         self._sim_server = InThread(self.sim.app()).__enter__()
         self.model_url = f"{self._sim_server.url}/v1"
         await register(self.js, model, [self.model_url])
@@ -260,3 +267,39 @@ class Harness:
 
 def task_rows(path: str | Path) -> list[dict[str, Any]]:
     return [msgspec.json.decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
+async def collect_rows(
+    folder: Path,
+    rows: list[dict[str, Any]],
+    *,
+    env: str,
+    agent: str = "simple_agent",
+    accuracy: float = 1.0,
+    repeats: int = 1,
+    **config: Any,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """``gymbus collect`` of ``rows`` (written as they are to a JSONL file) on the local stack with the
+    simulated policy; returns the run's Summary and its ``rollouts.jsonl`` rows."""
+    import json
+
+    from runtime.runs.collect import collect
+    from runtime.runs.config import load_config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg: dict[str, Any] = {
+        "input": str(tasks),
+        "agent": agent,
+        "env": env,
+        "repeats": repeats,
+        "output": str(folder / "runs"),
+        "model": {"simulate": {"accuracy": accuracy}},
+        "workers": {"concurrency": 16},
+        **config,
+    }
+    (folder / "run.yaml").write_text(json.dumps(cfg))
+    summary = await collect(load_config(folder / "run.yaml"), quiet=True)
+    out = [json.loads(line) for line in (summary.run_dir / "rollouts.jsonl").read_text().splitlines()]
+    return summary, out

@@ -53,6 +53,22 @@ async def _policy(h: Harness, **faults: typing.Any) -> None:
     await h.submit(start)
 
 
+async def judge_error(h: Harness) -> None:
+    """llm_judge with a judge that answers without a verdict."""
+    from runtime.model.serving import InThread
+    from runtime.model.simulator import SimConfig, Simulator
+    from runtime.testing import task_rows
+
+    examples = fs.ROOT / "functions" / "llm_judge" / "data" / "example.jsonl"
+    await h.simulate(examples, env="llm_judge", accuracy=1.0)
+    mute = InThread(Simulator({}, SimConfig(model="policy")).app()).__enter__()
+    h.cleanups.append(lambda: asyncio.to_thread(mute.__exit__))  # type: ignore[attr-defined]
+    await register(h.js, "judge", [f"{mute.url}/v1"])
+    await h.worker("simple_agent")
+    await h.worker("llm_judge")
+    await h.submit(h.start(task_rows(examples)[0], run_id="kind", env="llm_judge"))
+
+
 async def worker_lost(h: Harness) -> None:
     """Two deliveries taken by 'workers' that die before answering; then the broker gives up."""
     await topology.ensure_consumer(h.js, "agent", "ghost", h.limits)
@@ -80,6 +96,7 @@ CASES: dict[FailureKind, Case] = {
     "context_length": lambda h: _policy(h, mode="context"),
     "tool_error": lambda h: _fault(h, "tool"),
     "verifier_error": lambda h: _fault(h, "verifier"),
+    "judge_error": judge_error,
     "timeout": lambda h: _policy(h, hang=1.0, hang_s=10.0),
     "worker_lost": worker_lost,
     "cancelled": lambda h: _fault(h, "cancel"),
