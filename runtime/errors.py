@@ -7,6 +7,7 @@
     ├── ToolError        tool_error       an environment tool raised
     ├── VerifierError    verifier_error   the verifier raised
     ├── SandboxError     sandbox_error    a code sandbox could not run (backend unavailable, start failed)
+    ├── JudgeError       judge_error      a judge model's verdict was not in the expected form
     ├── Timeout          timeout          a step ran past its deadline
     │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
     └── Cancelled        cancelled        the user cancelled the rollout
@@ -81,6 +82,13 @@ class SandboxError(GymError):
     the candidate's own failures (wrong output, crash, timeout, memory) are verdicts, never this."""
 
     kind = "sandbox_error"
+
+
+class JudgeError(GymError):
+    """A judge model answered, but not with a verdict in the form the environment expects: the
+    rollout has no reward (a verdict nobody could read is not a wrong answer)."""
+
+    kind = "judge_error"
 
 
 class Timeout(GymError):
