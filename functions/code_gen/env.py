@@ -25,7 +25,7 @@ import msgspec
 from functions.code_gen.extract import extract_code, fenced
 from runtime.errors import InvalidInput
 from runtime.sandbox import Outcome, default
-from runtime.sdk import Environment, Rollout, Task, Verdict
+from runtime.sdk import Environment, Reference, Rollout, Task, Verdict
 
 REWARD_MODES = ("all", "fraction")
 REWARD = os.environ.get("GYMBUS_CODE_GEN_REWARD", "all")
@@ -48,6 +48,8 @@ class VerifierMetadata(msgspec.Struct, frozen=True):
 
 class Meta(msgspec.Struct, frozen=True):
     verifier_metadata: VerifierMetadata
+    expected_answer: str | None = None
+    """A reference solution (gymbus's examples carry one; NeMo Gym's rows need none)."""
 
 
 CALL_HARNESS = """import json, sys
@@ -128,10 +130,20 @@ async def verify(task: Task[Meta], rollout: Rollout) -> Verdict:
     return Verdict(reward, info)
 
 
-def reference(row: dict[str, Any]) -> str:
-    """What a perfect model answers: the row's reference solution (``expected_answer``), fenced."""
-    answer = str(row["expected_answer"])
-    return answer if "```" in answer else fenced(answer)
+def reference(task: Task[Meta]) -> Reference:
+    """Right: the task's reference solution; wrong: a program that runs but echoes its input's first
+    token (call-based: the function, returning None)."""
+    answer = task.meta.expected_answer
+    if answer is None:
+        raise InvalidInput("task field `$.meta.expected_answer`: a reference needs the task's reference solution")
+    fn = task.meta.verifier_metadata.unit_tests.fn_name
+    wrong = (
+        f"def {fn}(*args):\n    return None\nclass Solution:\n    def {fn}(self, *args):\n        return None"
+        if fn
+        else "import sys\nprint(sys.stdin.read().split()[0])"
+    )
+    right = answer if "```" in answer else fenced(answer)
+    return Reference(right=f"Here is my program:\n{right}", wrong=f"Here is my program:\n{fenced(wrong)}")
 
 
-ENVIRONMENT = Environment(name="code_gen", meta=Meta, verify=verify)
+ENVIRONMENT = Environment(name="code_gen", meta=Meta, verify=verify, reference=reference, accepts=["code_gen"])

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from typing import Any
 
 import msgspec
 
 from functions.code_gen.extract import extract_code, fenced
+from runtime.errors import InvalidInput
 from runtime.sandbox import default
-from runtime.sdk import Environment, Rollout, Task, Verdict
+from runtime.sdk import Environment, Reference, Rollout, Task, Verdict
 
 REWARD = os.environ.get("GYMBUS_CODE_TESTS_REWARD", "all")
 if REWARD not in ("all", "fraction"):
@@ -31,6 +33,8 @@ class Meta(msgspec.Struct, frozen=True):
     """Python test code; ``from solution import ...`` reaches the model's code."""
     entry_point: str | None = None
     """HumanEval-style: the function passed to the tests' ``check(candidate)``."""
+    expected_answer: str | None = None
+    """A reference solution (gymbus's examples carry one)."""
 
 
 RUNNER = """import json, sys, traceback
@@ -95,10 +99,18 @@ async def verify(task: Task[Meta], rollout: Rollout) -> Verdict:
     return Verdict(float(not failures), info)
 
 
-def reference(row: dict[str, Any]) -> str:
-    """What a perfect model answers: the row's reference solution (``expected_answer``), fenced."""
-    answer = str(row["expected_answer"])
-    return answer if "```" in answer else fenced(answer)
+IMPORTED = re.compile(r"from solution import ([A-Za-z_][A-Za-z0-9_]*)")
 
 
-ENVIRONMENT = Environment(name="code_tests", meta=Meta, verify=verify)
+def reference(task: Task[Meta]) -> Reference:
+    """Right: the task's reference solution; wrong: the function the tests call, returning None."""
+    answer = task.meta.expected_answer
+    if answer is None:
+        raise InvalidInput("task field `$.meta.expected_answer`: a reference needs the task's reference solution")
+    found = IMPORTED.search(task.meta.tests)
+    name = task.meta.entry_point or (found.group(1) if found else "solve")
+    right = answer if "```" in answer else fenced(answer)
+    return Reference(right=right, wrong=fenced(f"def {name}(*args):\n    return None"))
+
+
+ENVIRONMENT = Environment(name="code_tests", meta=Meta, verify=verify, reference=reference)

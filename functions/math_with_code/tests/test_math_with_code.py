@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from functions.math_with_code.env import ENVIRONMENT, reference
+from runtime.checking import check
 from runtime.errors import SandboxError
 from runtime.sandbox import Sandbox, SandboxConfig, tool
 from runtime.sandbox.tool import python
@@ -55,9 +56,16 @@ async def test_verifier_both_ways() -> None:
     rows = task_rows(EXAMPLES)
     assert len(rows) >= 8
     for row in rows:
-        right = await score(task(row), reply(reference(row)))
+        said = [turn for turn in reference(task(row)).script(True) if isinstance(turn, str)]
+        right = await score(task(row), reply(said[-1]))
         wrong = await score(task(row), reply(f"\\boxed{{{int(row['expected_answer']) + 1}}}"))
         assert (right, wrong) == (1.0, 0.0), row
+
+
+async def test_check_passes_both_ways() -> None:
+    """`gymbus check math_with_code`: each example plays python, then answers; right 1.0, wrong 0.0."""
+    report = await check("math_with_code")
+    assert report.ok, [t.problems for t in report.tasks]
 
 
 async def test_examples_end_to_end_with_the_tool(harness: Harness) -> None:
