@@ -74,6 +74,7 @@ def worker(
     w = Worker(fn, nats_url=url, concurrency=concurrency, batch=batch, roles=roles, model_url=model_url)
     w.http_port = http_port
     tracing.configure(f"gymbus-{fn.name}")
+    os.environ.setdefault("GYMBUS_NATS_URL", url)  # for functions that reach the broker themselves (sandbox admission)
     run(serve(w))
 
 
