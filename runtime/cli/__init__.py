@@ -466,6 +466,10 @@ def profiler(
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between two snapshots of a run while Results arrive.")
     ] = 0.5,
+    http_port: Annotated[
+        int | None,
+        typer.Option("--http-port", envvar="GYMBUS_HTTP_PORT", help="Serve /healthz on 0.0.0.0:PORT (default: off)."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve the profiling consumer: fold every Result into its run's live profile, until SIGTERM.
@@ -479,7 +483,7 @@ def profiler(
     _logging(verbose)
     if not nats:
         raise _fail("no broker: give --nats URL or set GYMBUS_NATS_URL")
-    asyncio.run(serve(Profiler(nats, interval_s=interval)))
+    asyncio.run(serve(Profiler(nats, interval_s=interval, http_port=http_port)))
 
 
 @app.command()
