@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from runtime.cli.auth import app as _auth_app
 from runtime.telemetry import tracing
 
 app = typer.Typer(
@@ -249,6 +250,7 @@ model_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(model_app, name="model")
+app.add_typer(_auth_app, name="auth")
 
 
 @model_app.command("serve")
@@ -597,15 +599,21 @@ def replay(
 def janitor(
     nats: NatsOpt = None,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between deadline sweeps.")] = 5.0,
+    http_port: Annotated[
+        int | None,
+        typer.Option("--http-port", envvar="GYMBUS_HTTP_PORT", help="Serve /healthz on 0.0.0.0:PORT (default: off)."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a janitor on its own (every worker already runs one): dead-letters messages whose delivery
     budget ran out with no worker answering (worker_lost), fails rollouts past their deadline (timeout),
     and fails messages on subjects no worker serves (invalid_input). Until SIGTERM.
     """
-    from broker import topology
+    from broker import advisories, topology
     from broker.connect import connect
+    from broker.denials import PermissionDenied
     from runtime.engine.janitor import Janitor
+    from runtime.telemetry.health import HealthServer
 
     _logging(verbose)
     if not nats:
@@ -617,14 +625,24 @@ def janitor(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         nc = await connect(nats, name="gymbus-janitor")
+        probe = None
         try:
             limits = topology.Limits.from_env()
             await topology.ensure(nc.jetstream(), limits)
+            await advisories.ensure_consumer(nc.jetstream())  # a denial here ends it, with the reason
+            if http_port is not None:
+                health = lambda: "ok" if nc.is_connected and not stop.is_set() else "unavailable"  # noqa: E731
+                probe = await HealthServer.start(health, http_port)
             await Janitor(nc.jetstream(), limits, holder=f"janitor-{os.getpid()}", scan_interval_s=interval).run(stop)
         finally:
+            if probe is not None:
+                await probe.stop()
             await nc.close()
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    except PermissionDenied as exc:
+        raise _fail(str(exc)) from None
 
 
 def _with_broker(nats: str | None, run_dir: Path | None, fn: Any) -> Any:
@@ -642,10 +660,15 @@ def _with_broker(nats: str | None, run_dir: Path | None, fn: Any) -> Any:
 
 
 def main() -> None:
+    from broker.denials import PermissionDenied
+
     try:
         app()
     except BrokenPipeError:
         sys.exit(1)
+    except PermissionDenied as exc:  # an identity used for a job it is not allowed (broker/auth.py)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

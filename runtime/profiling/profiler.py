@@ -120,7 +120,7 @@ class Profiler:
 
     async def run(self) -> None:
         """Consume until `stop()`, then fold what is left, write the last snapshots and return."""
-        from runtime.profiling.health import HealthServer
+        from runtime.telemetry.health import HealthServer
 
         probe = await HealthServer.start(self.health, self.http_port) if self.http_port is not None else None
         if probe is not None:

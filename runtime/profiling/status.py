@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
@@ -20,6 +19,8 @@ from rich.console import Console
 from rich.live import Live
 
 from broker import topology
+from broker.auth import client_auth
+from broker.denials import GuardedClient
 from runtime.profiling import profile
 from runtime.profiling.profiler import read_snapshot
 from runtime.profiling.report import write_all
@@ -83,8 +84,10 @@ async def show(console: Console, url: str, *, as_json: bool) -> None:
 
 async def reach(url: str) -> Client:
     """A short-lived connection for a look: it fails at once instead of reconnecting forever as workers do."""
+    auth = client_auth()  # the identity and TLS settings every gymbus process uses (broker/auth.py)
+    nc = GuardedClient(auth.identity)
     try:
-        return await nats.connect(
+        await nc.connect(
             url,
             name="gymbus-cli",
             connect_timeout=3,
@@ -93,9 +96,11 @@ async def reach(url: str) -> Client:
             reconnect_time_wait=0.2,
             error_cb=_quiet,
             user_credentials=os.environ.get("NATS_CREDS") or None,
+            **auth.options,
         )
     except Exception as exc:
         raise StatusError(f"cannot reach the broker at {url}: {exc or type(exc).__name__}") from None
+    return nc
 
 
 async def _quiet(exc: Exception) -> None:

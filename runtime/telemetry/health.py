@@ -1,9 +1,10 @@
-"""The profiler's readiness probe: ``GET /healthz`` on ``gymbus profiler --http-port PORT``.
+"""A readiness probe for processes that serve no /metrics: ``GET /healthz`` (``gymbus profiler``
+and ``gymbus janitor --http-port PORT``).
 
     200 {"status": "ok"}      connected to the broker and bound to its durable consumer
     503 {"status": ...}       starting, disconnected or draining
 
-It runs on the profiler's own event loop, so a stuck loop fails the probe. The container image's
+It runs on the process's own event loop, so a stuck loop fails the probe. The container image's
 health check (images/function/healthcheck.py) asks it, as it asks a worker's.
 """
 
@@ -32,7 +33,7 @@ def app(health: Callable[[], str]) -> Starlette:
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        yield  # the profiler handles SIGTERM itself (it writes its last snapshots)
+        yield  # the process handles SIGTERM itself (it drains or writes its last state)
 
 
 class HealthServer:
