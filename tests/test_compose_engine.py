@@ -283,4 +283,5 @@ def check_traces(stack: Stack, rows: list[dict]) -> None:
     stack.timings["crash run hops redelivered"] = float(len(redelivered))
     kinds = Counter(s["span_kind"] for s in spans)
     assert kinds["LLM"] >= 192 and kinds["TOOL"] >= 96, kinds  # what a GenAI-aware backend reads
+    assert kinds["EVALUATOR"] >= 96 and kinds["CHAIN"] >= 4 * 96, kinds
     stack.timings["phoenix spans"] = float(len(spans))
