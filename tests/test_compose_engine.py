@@ -14,6 +14,7 @@ with the reason otherwise. Marked `engine`, so only `pytest -m engine` runs it (
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.auth import client_auth
+from broker.connect import connect
 from conftest import ROOT
 
 pytestmark = pytest.mark.engine
@@ -162,55 +165,39 @@ def test_the_readme_runs_a_crash_loses_nothing_and_every_rollout_is_one_complete
 def crash_mid_run(stack: Stack, submit: str, collect: str) -> None:
     """An agent container killed (SIGKILL) while its model calls are in flight: every rollout still ends
     once (its messages come back to the other replica after the ack wait, 30 s)."""
-    run_submit = submit.replace("exp-1", "crash") + " --repeats 8"
-    run_collect = collect.replace("exp-1", "crash") + " --repeats 8"
-    stack.run(run_submit)
-    deadline = time.monotonic() + 120
-    while results_of(stack, "crash") < 40:  # some done, most in flight
-        assert time.monotonic() < deadline, "the crash run never started"
-        time.sleep(0.1)
-    victim = stack.containers("simple_agent")[0]
-    stack.docker("kill", victim)
-    stack.timings["killed an agent container after results"] = float(results_of(stack, "crash"))
-    stack.run(run_collect)
+    repeats, total = 32, 24 * 32
+    stack.run(submit.replace("exp-1", "crash") + f" --repeats {repeats}")
+    done = asyncio.run(results_reach(stack, "crash", 50))  # some finished, hundreds in flight
+    stack.docker("kill", stack.containers("simple_agent")[0])
+    stack.timings["killed an agent container after results"] = float(done)
+    stack.run(collect.replace("exp-1", "crash") + f" --repeats {repeats}")
     rows = [json.loads(line) for line in (stack.workdir / "runs" / "crash" / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rows) == 192 and len({r["session_id"] for r in rows}) == 192
+    assert len(rows) == total and len({r["session_id"] for r in rows}) == total
     assert all(r.get("failure_kind") is None and r["reward"] in (0.0, 1.0) for r in rows), Counter(
         r.get("failure_kind") for r in rows
     )
     stack.run(stack_scale_line())  # the killed replica back, as a user would
 
 
+async def results_reach(stack: Stack, run_id: str, at_least: int, timeout: float = 120) -> int:
+    """Wait until the run has ``at_least`` Results (as the submitter); returns how many it had."""
+    auth = client_auth({"NATS_NKEY": str(stack.workdir / "submitter.nk")})
+    nc = await connect(f"nats://127.0.0.1:{stack.nats_port}", name="engine-test", auth=auth)
+    subject = f"gym.result.{run_id}"
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                info = await nc.jetstream().stream_info("GYM_RESULTS", subjects_filter=subject)
+                found = (info.state.subjects or {}).get(subject, 0)
+                if found >= at_least:
+                    return found
+                await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+
+
 def stack_scale_line() -> str:
     return readme_commands()[1]
-
-
-def with_identity(stack: Stack, code: str) -> str:
-    """Run a snippet of Python against the broker as the submitter; returns its stdout."""
-    env = {**stack.env, "NATS_NKEY": str(stack.workdir / "submitter.nk")}
-    done = subprocess.run(
-        [sys.executable, "-c", code, f"nats://127.0.0.1:{stack.nats_port}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    return done.stdout.decode()
-
-
-def results_of(stack: Stack, run_id: str) -> int:
-    code = f"""
-import asyncio, sys
-from broker.connect import connect
-async def main():
-    nc = await connect(sys.argv[1], name="probe")
-    info = await nc.jetstream().stream_info("GYM_RESULTS", subjects_filter="gym.result.{run_id}")
-    print((info.state.subjects or {{}}).get("gym.result.{run_id}", 0))
-    await nc.close()
-asyncio.run(main())
-"""
-    return int(with_identity(stack, code).strip() or 0)
 
 
 def phoenix_spans(port: int) -> list[dict]:
