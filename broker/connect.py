@@ -60,6 +60,11 @@ async def connect(
         nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
         link.connected = True
         return nc
+    if any("certificate_verify_failed" in str(e).lower() for e in link.errors):
+        raise BrokerUnavailable(
+            f"the broker at {url} presented a certificate this client does not trust (CERTIFICATE_VERIFY_FAILED): "
+            "set NATS_TLS_CA to the CA file that signed it"
+        )
     if link.refused():
         raise BrokerUnavailable(
             f"the broker at {url} refused identity {link.auth.identity or '(none)'} ({_reason(link.errors)}): "
@@ -79,12 +84,29 @@ class _Link:
         self.connected = False
         self.errors: list[BaseException] = []
         self.nc: GuardedClient | None = None
+        self.refusal = asyncio.Event()
 
     def refused(self) -> bool:
-        """Whether the broker refused this identity (retrying cannot help)."""
-        return any(isinstance(e, nats.errors.AuthorizationError) for e in self.errors)
+        """Whether the broker refused this identity, or its certificate was refused (retrying cannot help)."""
+        return any(_refusal(e) for e in self.errors)
 
     async def open(self, connect_timeout: int) -> Client:
+        """One round of tries; a refusal reported by the error callback ends it at once (nats-py's connect can
+        otherwise wait forever after a failed TLS handshake), and so does a round that outlives its timeouts."""
+        self.refusal = asyncio.Event()
+        attempt = asyncio.ensure_future(self._connect(connect_timeout))
+        refused = asyncio.ensure_future(self.refusal.wait())
+        done, _ = await asyncio.wait({attempt, refused}, timeout=4 * connect_timeout + 2, return_when="FIRST_COMPLETED")
+        refused.cancel()
+        if attempt in done:
+            return attempt.result()
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)
+        if self.refusal.is_set():
+            raise OSError(str(self.errors[-1]))
+        raise TimeoutError(f"no connection within {4 * connect_timeout + 2} s")
+
+    async def _connect(self, connect_timeout: int) -> Client:
         self.nc = nc = GuardedClient(self.auth.identity)
         await nc.connect(
             self.url,
@@ -108,6 +130,8 @@ class _Link:
     async def on_error(self, exc: Exception) -> None:
         if not self.connected:  # before the first connection, failures are reported once, by BrokerUnavailable
             self.errors.append(exc)
+            if _refusal(exc):
+                self.refusal.set()
         log.log(logging.WARNING if self.connected else logging.DEBUG, "nats %s: %s", self.name, exc)
 
     async def on_disconnect(self) -> None:
@@ -118,12 +142,19 @@ class _Link:
         log.info("nats %s: reconnected", self.name)
 
 
+def _refusal(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text or (
+        "certificate_verify_failed" in text
+    )
+
+
 def _reason(errors: list[BaseException]) -> str:
     """The most telling error of the tries: the socket's (refused, unknown host) over nats-py's summary."""
     for exc in reversed(errors):
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused"
-        if isinstance(exc, nats.errors.AuthorizationError):
+        if _refusal(exc):
             return "authorization violation"
         if not isinstance(exc, nats.errors.NoServersError):
             text = str(exc) or type(exc).__name__

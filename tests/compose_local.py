@@ -134,7 +134,7 @@ class LocalStack:
             if source.startswith("."):  # a config file: its copy, with this service's addresses and paths
                 local = self.workdir / "mounts" / name / Path(source).name
                 local.parent.mkdir(parents=True, exist_ok=True)
-                local.write_text(self.net.file((ROOT / source).read_text(), name, volumes))
+                _write_if_changed(local, self.net.file((ROOT / source).read_text(), name, volumes))
                 out[target] = local
                 for inside, folder in volumes.items():  # a volume beside it, as a relative include sees it
                     if Path(inside).parent == Path(target).parent and not (local.parent / Path(inside).name).exists():
@@ -243,3 +243,13 @@ def _local(value: str, paths: Mapping[str, Path]) -> str:
         if value == inside or value.startswith(inside + "/"):
             return str(local) + value[len(inside) :]
     return value
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Write a mounted file atomically, and only when its text changes: a service (nats-server) may be
+    reading it (and its includes) at that moment, and a truncated file reads as an empty config."""
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -31,7 +31,8 @@ from broker.auth import client_auth
 from broker.connect import connect
 from broker.server import EmbeddedServer
 from conftest import MATH_TASKS, ROOT
-from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.model.serving import InThread
+from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 
 CANARY = "sk-canary-7f3a9c1e-do-not-store"
 STREAMS = [

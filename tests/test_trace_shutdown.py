@@ -78,7 +78,7 @@ async def one_rollout(harness: Harness, math_rows: list[dict]) -> None:
 
     row = math_rows[0]
     row = {**row, "responses_create_params": {**row["responses_create_params"], "tools": ENVIRONMENT.tool_specs()}}
-    await harness.submit(harness.start(row, run_id="flush"))
+    await harness.submit(harness.start(row, run_id="flush", agent="simple_agent", env="math"))
     [result] = await harness.results("flush", 1, timeout=60)
     assert result.reward == 1.0
 
