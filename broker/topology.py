@@ -11,6 +11,7 @@
     KV sessions  <run_id>.<task>.<rollout>  live rollout state (CAS on the step counter)
     KV runs      <run_id>...                 run manifests and profiler snapshots (<run_id>.profile)
     KV models    <model name>                the model's live endpoints
+    KV functions agent.<name>, env.<name>    each function as its workers registered it (broker/functions.py)
 
 Every function has one durable pull consumer per subject, shared by all its replicas; the profiler
 has one on the results stream (``profiler``, all of ``gym.result.>``).
@@ -45,6 +46,7 @@ stream so none is lost while no janitor listens (see runtime/engine/janitor.py).
 SESSIONS = "sessions"
 RUNS = "runs"
 MODELS = "models"
+FUNCTIONS = "functions"
 
 MAX_MSG_SIZE = 8 * 1024 * 1024
 """Largest message a stream accepts; the shipped server config raises max_payload to match."""
@@ -240,6 +242,7 @@ def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
         kv_stream(SESSIONS, ttl_s=limits.session_ttl_s),
         kv_stream(RUNS),
         kv_stream(MODELS),
+        kv_stream(FUNCTIONS),
     ]
     for config in configs:
         config.num_replicas = limits.stream_replicas

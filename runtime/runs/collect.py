@@ -43,6 +43,7 @@ from runtime.runs.models import describe_endpoints, register_model, urls_of, wri
 from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
+from runtime.runs.tasks import run_defaults
 from runtime.telemetry import tracing
 from runtime.telemetry.spans import RolloutSpans
 
@@ -169,10 +170,12 @@ class Collector:
                     )
                 ]
                 self.plan.model = {"endpoints": urls, "simulated_policy": True}
+            started = time.time()
             for ref in (cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env):
                 for replica in range(cfg.workers.replicas):
                     self.stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
             self.stack.start_profiler()
+            await self.stack.wait_registered(js, [("agent", cfg.agent), ("env", cfg.env)], since=started)
         if urls:
             await register_model(js, cfg.model, urls, writer("collect"))
 
@@ -185,6 +188,7 @@ class Collector:
             repeats=self.cfg.repeats,
             pass_threshold=self.cfg.profile.pass_threshold,
             identity=plan.identity,
+            defaults=run_defaults(self.cfg),
         )
         folder_identity = self.folder.identity() if self.summary.wrote_folder else None
         fresh = await identities.open_manifest(js, manifest, extend=self.extend, folder=folder_identity)

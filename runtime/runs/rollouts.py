@@ -66,7 +66,6 @@ async def publish_starts(
 ) -> int:
     """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
     over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
-    tool_specs = env.tool_specs() if (env is not None and cfg.env_tools) else None
     sem = asyncio.Semaphore(256)
     subject = topology.agent_subject(cfg.agent)
 
@@ -77,7 +76,7 @@ async def publish_starts(
             if task.row is None:  # unreadable row: its rollouts fail here, with the reason
                 await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
                 return
-            start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
+            start = build_start(cfg, run_id, task, rollout, attempt)
             try:
                 with roots.submitting(start, sid) if roots else contextlib.nullcontext():
                     await publish(js, subject, start, f"{sid}:start:{attempt}")
