@@ -228,3 +228,31 @@ async def _wait_until(count: Any, n: int, timeout: float = 15.0) -> None:
     while await count() < n:
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.05)
+
+
+async def test_a_producers_span_is_the_rollouts_parent(harness: Harness, math_rows: list[dict]) -> None:
+    """The Start's `traceparent` makes the producer's span the parent of every hop of the rollout."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from runtime.telemetry import tracing
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.install(provider)
+    try:
+        await math_stack(harness)
+        trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        traceparent = f"00-{trace_id}-{span_id}-01"
+        await publish(harness, raw_start(math_rows[0], "traced", 0), "traced.0.0:start:0", traceparent=traceparent)
+        [result] = await harness.results("traced", 1)
+        assert result.reward == 1.0
+        provider.force_flush()
+        hops = [s for s in memory.get_finished_spans() if s.name.startswith("process gym.")]
+        assert len(hops) == 4  # agent, tools, agent, verify
+        assert {format(s.context.trace_id, "032x") for s in hops} == {trace_id}
+        assert {format(s.parent.span_id, "016x") for s in hops if s.parent} == {span_id}
+    finally:
+        tracing.uninstall()

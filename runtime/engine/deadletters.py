@@ -18,8 +18,8 @@ import msgspec
 from nats.js import JetStreamContext
 
 from broker import inspect, names, topology
-from broker.publish import publish, publish_raw
 from broker.letters import DeadLetter, dead_letter_decoder
+from broker.publish import publish, publish_raw
 from broker.schemas import (
     FailureKind,
     Msg,
