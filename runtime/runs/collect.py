@@ -213,7 +213,7 @@ class Collector:
         try:
             with progress:
                 self.summary.submitted = len(wanted) + await rollouts.publish_starts(
-                    js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env, self.roots
+                    js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, self.roots
                 )
                 await self._wait(progress, wanted)
         finally:

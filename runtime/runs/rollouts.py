@@ -24,7 +24,6 @@ from runtime.engine.failures import publish_orphan_failure
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 from runtime.runs.tasks import TaskRow, build_start
-from runtime.sdk import Environment
 from runtime.telemetry.spans import RolloutSpans
 
 log = logging.getLogger("gymbus.collect")
@@ -61,7 +60,6 @@ async def publish_starts(
     run_id: str,
     tasks: dict[int, TaskRow],
     attempts: dict[Key, int],
-    env: Environment | None,
     roots: RolloutSpans | None = None,
 ) -> int:
     """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,

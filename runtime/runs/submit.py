@@ -66,7 +66,7 @@ async def submit(
         finished = expected & {(r.task_index, r.rollout_index) for r in await stored_results(js, plan.run_id)}
         attempts = await rollouts.plan(js, sorted(expected - finished), plan.run_id, fresh, time.time())
         submitted = await rollouts.publish_starts(
-            js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env
+            js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts
         )
     finally:
         await nc.close()
