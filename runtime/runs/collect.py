@@ -170,14 +170,14 @@ class Collector:
                     )
                 ]
                 self.plan.model = {"endpoints": urls, "simulated_policy": True}
-            started = time.time()
             for ref in (cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env):
                 for replica in range(cfg.workers.replicas):
                     self.stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
             self.stack.start_profiler()
-            await self.stack.wait_registered(js, [("agent", cfg.agent), ("env", cfg.env)], since=started)
         if urls:
             await register_model(js, cfg.model, urls, writer("collect"))
+        if self.stack is not None:  # once the model is registered: a resumed run's leftovers run at once
+            await self.stack.wait_registered(js, [("agent", cfg.agent), ("env", cfg.env)], since=self.t_start)
 
     async def _gather(self, js: JetStreamContext, nats_url: str) -> None:
         plan = self.plan
