@@ -16,6 +16,8 @@ def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
         {
             "task_index": r.task_index,
             "rollout_index": r.rollout_index,
+            "env": r.env or row.get("env", ""),
+            "agent": r.agent or row.get("agent", ""),
             "session_id": r.session_id,
             "attempt": r.attempt,
             "response": {"output": r.output, "usage": msgspec.to_builtins(r.usage)},
@@ -40,6 +42,8 @@ class _Row(msgspec.Struct, kw_only=True):
     task_index: int
     rollout_index: int
     attempt: int = 0
+    env: Any = ""
+    agent: Any = ""
     reward: float | None = None
     failure_kind: FailureKind | None = None
     failure_reason: str | None = None
@@ -65,6 +69,8 @@ def result_from_row(row: dict[str, Any]) -> Result:
         task_index=r.task_index,
         rollout_index=r.rollout_index,
         attempt=r.attempt,
+        env=r.env if isinstance(r.env, str) else "",
+        agent=r.agent if isinstance(r.agent, str) else "",
         reward=r.reward,
         failure_kind=r.failure_kind,
         failure_reason=r.failure_reason,

@@ -17,11 +17,14 @@ def test_the_public_surface_is_declared_once_and_sorted() -> None:
     assert sdk.__all__ == [
         "Agent",
         "AgentContext",
+        "Call",
         "CallTools",
         "Context",
         "Environment",
         "Finish",
         "InvalidInput",
+        "Model",
+        "Reference",
         "Retry",
         "Rollout",
         "SessionView",
@@ -30,8 +33,10 @@ def test_the_public_surface_is_declared_once_and_sorted() -> None:
         "ToolError",
         "Verdict",
         "VerifierError",
+        "call",
         "function_calls",
         "load",
+        "offload",
         "tool",
     ]
     assert all(hasattr(sdk, name) for name in sdk.__all__)

@@ -85,6 +85,10 @@ def simulate(
     latency_ms: Annotated[float, typer.Option("--latency-ms", help="Delay before every answer.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model: Annotated[str, typer.Option("--model", help="Model name it reports.")] = "policy",
+    env: Annotated[
+        str | None,
+        typer.Option("--env", help="Environment of rows that name none: the policy plays its reference."),
+    ] = None,
     reasoning: Annotated[
         str, typer.Option("--reasoning", help="Think first: none, tags (<think> in the text) or field (parsed).")
     ] = "none",
@@ -97,6 +101,7 @@ def simulate(
     accuracy and latency, and calls a tool first when tools are offered. For demos, benchmarks and
     tests; point the config's model.base_url at a real server (vLLM, ...) for real rollouts.
     """
+    from runtime.model.policy import AnswerBook
     from runtime.model.simulator import SimConfig, Simulator, load_answer_key
     from runtime.model.simulator import run as serve_simulator
 
@@ -115,7 +120,7 @@ def simulate(
         fail_status=fail_status,
         hang=hang,
     )
-    sim = Simulator(load_answer_key(tasks), config)
+    sim = Simulator(load_answer_key(tasks), config, book=AnswerBook.from_files(tasks, env=env, seed=seed))
     if tracing.configure("gymbus-simulated-policy"):
         # uvicorn re-raises SIGTERM after its graceful shutdown; exit normally so buffered spans are flushed
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

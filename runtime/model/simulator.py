@@ -1,10 +1,14 @@
 """The SIMULATED policy: an OpenAI-compatible server that stands in for a model. It is not a model.
 
-It answers from an answer key (the task files it is given, matched by the prompt), right with a
-configured probability, after a configured latency. When the request offers tools and no tool
-output is in the conversation yet, it calls the first tool first. It never sees the verifier's
-fields through the request: only the answer key it was started with. Its draws depend on the seed,
-the prompt and the rollout index (header ``X-Gymbus-Session``), so two runs with the same seed agree.
+For a task whose environment gives a reference (what a perfect model answers, and a plausible wrong
+answer: runtime/reference.py), it plays that script turn by turn, the right one with a configured
+probability (runtime/model/policy.py); a call for another model (a judge) gets the reference's judge
+answer. For other tasks it answers from an answer key (the task files it is given, matched by the
+task's prompt), right with that probability; when the request offers tools and no tool output is in
+the conversation yet, it calls the first tool first. Every answer comes after a configured latency.
+It never sees the verifier's fields through the request: only the task files it was started with.
+Its draws depend on the seed, the prompt (or task) and the rollout index (header
+``X-Gymbus-Session``), so two runs with the same seed agree.
 Used for the quickstart, demos, capacity planning, benchmarks, and as the tests' model double.
 
 What it imitates of vLLM, so the client's paths are exercised over real HTTP:
@@ -38,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
+from runtime.model.policy import AnswerBook
 from runtime.model.serving import bind, server
 from runtime.telemetry import tracing
 
@@ -150,6 +155,8 @@ class Simulator:
     received: list[bytes] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     """The ``X-Gymbus-Session`` of every call answered (when recording)."""
+    book: AnswerBook | None = None
+    """The tasks with their environments' references (played before the answer key is looked at)."""
 
     async def _fault(self, request: Request) -> Response | None:
         if self.record:
@@ -180,9 +187,9 @@ class Simulator:
         return int.from_bytes(digest[:8], "big") / 2**64
 
     async def decide(
-        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str
+        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str, model: str = ""
     ) -> dict[str, Any]:
-        """What the 'model' says: {'tool': (name, args)} or {'text': ...}."""
+        """What the 'model' says: {'tools': [(name, args), ...]} or {'text': ...}."""
         self.calls += 1
         if self.record:
             self.sessions.append(session)
@@ -192,7 +199,12 @@ class Simulator:
                 await asyncio.sleep(self.config.latency_ms / 1000)
             finally:
                 self.in_flight -= 1
-        prompt = prompt_text(items)
+        played = self.book.answer(items, session, model, self.config.model, self.config.accuracy) if self.book else None
+        if played is not None and played.calls:
+            return {"tools": [(c.name, c.arguments) for c in played.calls]}
+        if played is not None:
+            return {"text": played.text or ""}
+        prompt = (self.book.task_prompt(items, session) if self.book else None) or prompt_text(items)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
             i.get("type") == "function_call_output" or i.get("role") == "tool" for i in items
@@ -200,15 +212,15 @@ class Simulator:
         if tools and self.config.tool_first and not called and answer is not None:
             tool = tools[0]
             name = (tool.get("function") or tool).get("name", "tool")
-            return {"tool": (name, _tool_args(tool, answer))}
+            return {"tools": [(name, _tool_args(tool, answer))]}
         if answer is None:
             return {"text": "I do not know this one."}
         if self._draw(prompt, session) >= self.config.accuracy:
             answer = _wrong(answer)
         return {"text": f"Working it through, the answer is \\boxed{{{answer}}}."}
 
-    def _call_id(self) -> str:
-        return f"call_{self.calls:08d}"
+    def _call_id(self, k: int = 0) -> str:
+        return f"call_{self.calls:08d}_{k}" if k else f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
         fault = await self._fault(request)
@@ -216,7 +228,8 @@ class Simulator:
             return fault
         body = await request.json()
         items = body.get("input", [])
-        said = await self.decide(items, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
+        sid = request.headers.get(SESSION_HEADER, "")
+        said = await self.decide(items, body.get("tools") or [], sid, body.get("model", ""))
         n_in = len(json.dumps(items)) // 4
         return self._reply(
             {
@@ -237,10 +250,12 @@ class Simulator:
         if think == "field":
             thought = [{"type": "reasoning_text", "text": THOUGHT}]
             output.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "content": thought})
-        if "tool" in said:
-            name, args = said["tool"]
-            call = {"type": "function_call", "id": f"fc_{n}", "call_id": self._call_id(), "name": name}
-            return [*output, {**call, "arguments": json.dumps(args), "status": "completed"}]
+        if "tools" in said:
+            return output + [
+                {"type": "function_call", "id": f"fc_{n}_{k}" if k else f"fc_{n}", "call_id": self._call_id(k)}
+                | {"name": name, "arguments": json.dumps(args), "status": "completed"}
+                for k, (name, args) in enumerate(said["tools"])
+            ]
         text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
         content: list[dict[str, Any]] = [{"type": "output_text", "text": text, "annotations": []}]
         message = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed"}
@@ -257,7 +272,8 @@ class Simulator:
         too_long = self._too_long(prompt)
         if too_long is not None:
             return too_long
-        message, finish = self._chat_message(await self.decide(messages, body.get("tools") or [], session))
+        said = await self.decide(messages, body.get("tools") or [], session, body.get("model", ""))
+        message, finish = self._chat_message(said)
         generated = toy_tokens((message.get("reasoning") or "") + turn_text(message))
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
         prompt_ids = toy_tokens(prompt)
@@ -294,11 +310,12 @@ class Simulator:
 
     def _chat_message(self, said: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """What the 'model' said, as a Chat Completions assistant message and its finish reason."""
-        if "tool" in said:
-            name, args = said["tool"]
-            function = {"name": name, "arguments": json.dumps(args)}
-            call = {"id": self._call_id(), "type": "function", "function": function}
-            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        if "tools" in said:
+            calls = [
+                {"id": self._call_id(k), "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                for k, (name, args) in enumerate(said["tools"])
+            ]
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": said["text"]}, "stop"
@@ -349,8 +366,9 @@ class Simulator:
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
     faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
+    refs = f" and the references of {len(sim.book.rows)} tasks" if sim.book is not None else ""
     return (
-        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
+        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts{refs}, "
         f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}, reasoning={c.reasoning}{faults}"
     )
 

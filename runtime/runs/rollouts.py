@@ -65,16 +65,16 @@ async def publish_starts(
     """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
     over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
     sem = asyncio.Semaphore(256)
-    subject = topology.agent_subject(cfg.agent)
 
     async def one(task_index: int, rollout: int, attempt: int) -> None:
         task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
         sid = session_id(run_id, task_index, rollout)
         async with sem:
-            if task.row is None:  # unreadable row: its rollouts fail here, with the reason
+            if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
                 await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
                 return
-            start = build_start(cfg, run_id, task, rollout, attempt)
+            start = build_start(cfg, run_id, task, rollout, attempt)  # the row as it is: the workers decide
+            subject = topology.agent_subject(start.agent)
             try:
                 with roots.submitting(start, sid) if roots else contextlib.nullcontext():
                     await publish(js, subject, start, f"{sid}:start:{attempt}")

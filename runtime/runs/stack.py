@@ -107,7 +107,9 @@ class LocalStack:
         ).start()
         return self.broker.url
 
-    def start_simulator(self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str) -> str:
+    def start_simulator(
+        self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str, env: str | None = None
+    ) -> str:
         proc = Process(
             "policy-simulated",
             gymbus_command(
@@ -124,6 +126,7 @@ class LocalStack:
                 model,
                 "--port",
                 "0",
+                *(["--env", env] if env else []),
             ),
             self.log_dir,
             self.env,
@@ -150,11 +153,13 @@ class LocalStack:
         return proc
 
     async def wait_registered(
-        self, js: JetStreamContext, wanted: list[tuple[functions.FunctionRole, str]], since: float, timeout: float = 300
+        self, js: JetStreamContext, agents: set[str], envs: set[str], since: float, timeout: float = 300
     ) -> None:
         """Until each function has registered since ``since`` (its worker is up and its tools are known
         to the agents), so the run's first Starts never meet an environment whose worker is starting."""
         deadline = time.monotonic() + timeout
+        wanted: list[tuple[functions.FunctionRole, str]] = [("agent", a) for a in sorted(agents)]
+        wanted += [("env", e) for e in sorted(envs)]
         for role, name in wanted:
             while (reg := await functions.read(js, role, name)) is None or reg.written_at < since:
                 if dead := [p for p in self.check() if p.startswith("worker-")]:

@@ -50,7 +50,7 @@ async def submit(
     try:
         js = nc.jetstream()
         await topology.ensure(js, topology.Limits.from_env())
-        await check_served(js, cfg)
+        await check_served(js, cfg, plan.functions)
         if urls := urls_of(cfg.model.base_url):
             await register_model(js, cfg.model, urls, writer("submit"))
         manifest = Manifest(
