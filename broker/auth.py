@@ -112,7 +112,7 @@ def agent_worker(agent: str, envs: list[str]) -> Identity:
             *_RUNS_READ,
             *_FUNCTIONS_READ,
             f"$KV.{topology.FUNCTIONS}.agent.{agent}",
-            f"{API}.CONSUMER.INFO.{topology.WORK_STREAM}.tool-*",
+            *(f"{API}.CONSUMER.INFO.{topology.WORK_STREAM}.{topology.durable('tool', e)}" for e in envs),
         ),
     )
 

@@ -102,6 +102,7 @@ OPS: dict[str, Op] = {
     "delete a stream": delete_stream,
     "create a consumer": create_consumer,
     "list consumers": lambda nc: nc.jetstream().consumers_info(topology.WORK_STREAM),
+    "see math's tool consumer": lambda nc: nc.jetstream().consumer_info(topology.WORK_STREAM, "tool-math"),
     "publish a Start or Resume to simple_agent": js_publish("gym.agent.simple_agent"),
     "publish to an agent outside the deployment": js_publish("gym.agent.intruder"),
     "publish a tool call to math": js_publish("gym.tool.math"),
@@ -139,6 +140,7 @@ ALLOWED: dict[str, set[str]] = {
         "read the runs bucket",
         "read registrations",
         "register simple_agent",
+        "see math's tool consumer",
         *SESSIONS_RW,
     },
     "env-math": {
@@ -149,6 +151,7 @@ ALLOWED: dict[str, set[str]] = {
         "read the runs bucket",
         "read registrations",
         "register math",
+        "see math's tool consumer",
         *SESSIONS_RW,
     },
     "submitter": {
@@ -158,6 +161,7 @@ ALLOWED: dict[str, set[str]] = {
         "read the runs bucket",
         "write a run manifest",
         "follow a run's Results",
+        "see math's tool consumer",
     },
     "profiler": {"pull the profiler's Results", "read Results", "read the runs bucket", "write a run profile"},
     "janitor": {
@@ -172,6 +176,7 @@ ALLOWED: dict[str, set[str]] = {
     "operator": {
         START,
         "list consumers",
+        "see math's tool consumer",
         "read a session",
         "read the runs bucket",
         "read Results",

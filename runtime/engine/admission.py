@@ -33,6 +33,7 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from broker import functions, topology
+from broker.denials import PermissionDenied
 from broker.functions import Registration
 from broker.schemas import Manifest, RunDefaults, Start, manifest_decoder
 from runtime.errors import InvalidInput
@@ -162,15 +163,18 @@ class Admission:
             reg = await functions.read(self.js, "env", name)
             if reg is not None:
                 return self._remember(self._envs, name, reg, REGISTERED_S)
-            if await topology.has_consumer(self.js, "tool", name):
+            if await _served(self.js, name):
                 return self._remember(self._envs, name, None, UNREGISTERED_S)
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.25)
-        known = sorted(n for role, n in await functions.registered(self.js) if role == "env")
+        try:
+            known = ", ".join(sorted(n for role, n in await functions.registered(self.js) if role == "env")) or "none"
+        except PermissionDenied:
+            known = "not listed to this identity"
         unknown = InvalidInput(
             f"unknown environment {name!r}: no worker of it has registered (KV {topology.FUNCTIONS}) and none serves "
-            f"{topology.tool_subject(name)} (registered environments: {', '.join(known) or 'none'}) - at `$.env`"
+            f"{topology.tool_subject(name)} (registered environments: {known}) - at `$.env`"
         )
         self._remember(self._envs, name, unknown, UNKNOWN_S)
         raise unknown
@@ -186,6 +190,15 @@ class Admission:
         if kv is None:
             kv = self._kv[name] = await self.js.key_value(name)
         return kv
+
+
+async def _served(js: JetStreamContext, env: str) -> bool:
+    """Whether the environment's tool consumer exists (one this worker's identity may not see, outside
+    its deployment, is not served to it)."""
+    try:
+        return await topology.has_consumer(js, "tool", env)
+    except PermissionDenied:
+        return False
 
 
 def _inline_root(schema: dict[str, Any]) -> dict[str, Any]:
