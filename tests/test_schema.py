@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.schemas import Result, Start, agent_decoder, encoder, wire_decoder
-from broker.wireschema import KINDS
+from broker.wireschema import KINDS, start_for
 from conftest import MATH_TASKS, ROOT
 from runtime.cli import app
 from runtime.engine.records import input_items
@@ -170,3 +170,31 @@ def test_start_schema_of_an_environment_requires_its_task_fields() -> None:
 def test_schema_env_needs_start() -> None:
     result = runner.invoke(app, ["schema", "result", "--env", "math"])
     assert result.exit_code == 2 and "--env narrows the start message" in result.output
+
+
+def environments() -> list[str]:
+    return sorted(p.parent.parent.name for p in (ROOT / "functions").glob("*/data/example.jsonl"))
+
+
+@pytest.mark.parametrize("name", environments())
+def test_every_environments_start_schema_is_strict_and_agrees_with_the_environment(name: str) -> None:
+    """`gymbus schema start --env` for each environment: plain 2020-12, and its task fields' schema
+    accepts and refuses the same example rows as the environment itself (msgspec, at its workers)."""
+    from runtime.engine.registry import registration_of
+    from runtime.sdk import Environment, load
+
+    env = load(name)
+    assert isinstance(env, Environment)
+    registration = registration_of(env)
+    schema = start_for(registration)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert unknown_keywords(schema) == []
+    validator = jsonschema.Draft202012Validator(registration.meta_schema or {})
+    for line in (ROOT / "functions" / name / "data" / "example.jsonl").read_text().splitlines():
+        meta = {k: v for k, v in json.loads(line).items() if k != "responses_create_params"}
+        try:
+            env.check_meta(meta)
+            accepted = True
+        except InvalidInput:
+            accepted = False
+        assert validator.is_valid(meta) == accepted, meta
