@@ -12,18 +12,21 @@ can read another's replies, pulled messages included.
     admin             everything (`gymbus init`: streams, buckets, consumers)
     agent-<A>         pull and ack its consumer; read and write sessions; read the models bucket;
                       publish the tool and verify messages of the deployment's environments, Results,
-                      and its own dead letters
+                      and its own dead letters; register itself and read the environments' registrations
+                      (KV functions) and the environments' tool consumers; read run manifests (defaults)
     env-<E>           pull and ack its tool and verify consumers; read and write sessions; publish
-                      the deployment's agents' Resumes, Results and its own dead letters
+                      the deployment's agents' Resumes, Results and its own dead letters; register
+                      itself (KV functions); read run manifests (defaults)
     submitter         publish Starts to the deployment's agents and run manifests; read Results,
                       sessions and run manifests (what `gymbus submit` and `collect --nats` do);
                       publish failed Results for task rows it cannot submit
     profiler          pull and ack the results stream's profiler consumer; read Results and run
                       manifests; write run profiles
     janitor           `gymbus janitor`: max-deliveries advisories, move lost or unserved work
-                      messages to dead letters, fail overdue sessions, hold its lease
+                      messages to dead letters, fail overdue sessions, hold its lease; list the
+                      registered functions (an unserved subject of an unknown one fails sooner)
     operator          read every stream, consumer and bucket (`gymbus status`, `profile --run`,
-                      `dead-letters`) and publish replayed Starts (`gymbus replay`)
+                      `dead-letters`, `schema start --env`) and publish replayed Starts (`gymbus replay`)
     model             register model endpoints in the models bucket (`gymbus model serve`)
 
 What subjects cannot say: a run id is data, not an identity, so a worker may publish a Result for
@@ -35,15 +38,13 @@ subscribing to anything but its own inbox are denied to all but admin.
 from __future__ import annotations
 
 import os
-import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import topology
+from broker import names, topology
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 API = "$JS.API"
 
 
@@ -89,6 +90,8 @@ def _follow(stream: str) -> tuple[str, ...]:
 _INFO = (f"{API}.STREAM.INFO.*", f"{API}.STREAM.NAMES")
 _SESSIONS_RW = (*_read(f"KV_{topology.SESSIONS}"), f"$KV.{topology.SESSIONS}.>")
 _RUNS_READ = _read(f"KV_{topology.RUNS}")
+_FUNCTIONS_READ = (*_read(f"KV_{topology.FUNCTIONS}"), *_follow(f"KV_{topology.FUNCTIONS}"))
+"""Read registrations (KV functions) and list them."""
 
 
 def agent_worker(agent: str, envs: list[str]) -> Identity:
@@ -104,6 +107,10 @@ def agent_worker(agent: str, envs: list[str]) -> Identity:
             *work,
             "gym.result.*",
             topology.dead_subject(agent),
+            *_RUNS_READ,
+            *_FUNCTIONS_READ,
+            f"$KV.{topology.FUNCTIONS}.agent.{agent}",
+            *(f"{API}.CONSUMER.INFO.{topology.WORK_STREAM}.{topology.durable('tool', e)}" for e in envs),
         ),
     )
 
@@ -119,76 +126,94 @@ def env_worker(env: str, agents: list[str]) -> Identity:
             *(topology.agent_subject(a) for a in agents),
             "gym.result.*",
             topology.dead_subject(env),
+            *_RUNS_READ,
+            *_read(f"KV_{topology.FUNCTIONS}"),
+            f"$KV.{topology.FUNCTIONS}.env.{env}",
         ),
     )
 
 
 def identities(agents: list[str], envs: list[str]) -> list[Identity]:
     """Every identity of a deployment serving these agents and environments."""
-    bad = [n for n in [*agents, *envs] if not _NAME.match(n)]
-    if bad:
-        raise ValueError(f"function name {bad[0]!r} must be 1-64 letters, digits, '-' or '_'")
+    for name in [*agents, *envs]:
+        names.check("function name", name)
     starts = tuple(topology.agent_subject(a) for a in agents)
-    work, results = topology.WORK_STREAM, topology.RESULTS_STREAM
     return [
         Identity("admin", (">",), (">",)),
         *(agent_worker(a, envs) for a in agents),
         *(env_worker(e, agents) for e in envs),
-        Identity(
-            "submitter",
-            (
-                *_INFO,
-                f"{API}.CONSUMER.INFO.{work}.*",
-                *starts,
-                "gym.result.*",
-                f"$KV.{topology.RUNS}.*.manifest",
-                *_RUNS_READ,
-                *_read(f"KV_{topology.SESSIONS}"),
-                *_follow(results),
-            ),
-        ),
-        Identity(
-            "profiler",
-            (
-                *_INFO,
-                *_pull(results, topology.PROFILER),
-                *_read(results),
-                *_RUNS_READ,
-                f"$KV.{topology.RUNS}.*.profile",
-            ),
-        ),
-        Identity(
-            "janitor",
-            (
-                *_INFO,
-                f"{API}.CONSUMER.LIST.{work}",
-                *_pull(topology.ADVISORY_STREAM, "janitor"),
-                f"{API}.STREAM.MSG.GET.{work}",
-                f"{API}.STREAM.MSG.DELETE.{work}",
-                *_SESSIONS_RW,
-                *_follow(f"KV_{topology.SESSIONS}"),
-                *_RUNS_READ,
-                f"$KV.{topology.RUNS}.janitor.>",
-                "gym.result.*",
-                "gym.dead.*",
-            ),
-        ),
-        Identity(
-            "operator",
-            (
-                *_INFO,
-                f"{API}.CONSUMER.INFO.*.*",
-                f"{API}.CONSUMER.LIST.*",
-                *(s for stream in (topology.DEAD_STREAM, results) for s in _read(stream)),
-                *_read(f"KV_{topology.SESSIONS}"),
-                *_RUNS_READ,
-                *_follow(f"KV_{topology.RUNS}"),
-                *_follow(results),
-                *starts,
-            ),
-        ),
+        submitter(starts),
+        profiler(),
+        janitor(),
+        operator(starts),
         Identity("model", (*_INFO, *_read(f"KV_{topology.MODELS}"), f"$KV.{topology.MODELS}.>")),
     ]
+
+
+def submitter(starts: tuple[str, ...]) -> Identity:
+    return Identity(
+        "submitter",
+        (
+            *_INFO,
+            f"{API}.CONSUMER.INFO.{topology.WORK_STREAM}.*",
+            *starts,
+            "gym.result.*",
+            f"$KV.{topology.RUNS}.*.manifest",
+            *_RUNS_READ,
+            *_read(f"KV_{topology.SESSIONS}"),
+            *_follow(topology.RESULTS_STREAM),
+        ),
+    )
+
+
+def profiler() -> Identity:
+    results = topology.RESULTS_STREAM
+    return Identity(
+        "profiler",
+        (*_INFO, *_pull(results, topology.PROFILER), *_read(results), *_RUNS_READ, f"$KV.{topology.RUNS}.*.profile"),
+    )
+
+
+def janitor() -> Identity:
+    work = topology.WORK_STREAM
+    return Identity(
+        "janitor",
+        (
+            *_INFO,
+            f"{API}.CONSUMER.LIST.{work}",
+            *_pull(topology.ADVISORY_STREAM, "janitor"),
+            f"{API}.STREAM.MSG.GET.{work}",
+            f"{API}.STREAM.MSG.DELETE.{work}",
+            *_SESSIONS_RW,
+            *_follow(f"KV_{topology.SESSIONS}"),
+            *_RUNS_READ,
+            f"$KV.{topology.RUNS}.janitor.>",
+            *_FUNCTIONS_READ,
+            "gym.result.*",
+            "gym.dead.*",
+        ),
+    )
+
+
+def operator(starts: tuple[str, ...]) -> Identity:
+    results = topology.RESULTS_STREAM
+    return Identity(
+        "operator",
+        (
+            *_INFO,
+            f"{API}.CONSUMER.INFO.*.*",
+            f"{API}.CONSUMER.LIST.*",
+            *(s for stream in (topology.DEAD_STREAM, results) for s in _read(stream)),
+            *_read(f"KV_{topology.SESSIONS}"),
+            *_RUNS_READ,
+            *_follow(f"KV_{topology.RUNS}"),
+            *_read(f"KV_{topology.MODELS}"),
+            *_follow(f"KV_{topology.MODELS}"),
+            *_FUNCTIONS_READ,
+            *_follow(results),
+            *starts,
+        ),
+    )
 
 
 @dataclass
@@ -219,7 +244,7 @@ def client_auth(env: dict[str, str] | None = None) -> ClientAuth:
         auth.options["nkeys_seed"] = str(path)
     elif creds:
         auth.identity = Path(creds).stem
-    if auth.identity and _NAME.match(auth.identity):
+    if auth.identity and names.valid(auth.identity):
         auth.options["inbox_prefix"] = inbox_prefix(auth.identity)
     ca, cert, key = (env.get(v) or None for v in TLS_ENV)
     if ca or cert:

@@ -3,8 +3,12 @@
 Wire messages are JSON (so any NATS client can publish a task: see `gymbus schema`), tagged by
 the field ``kind``. Session records are msgpack (compact, never read by other languages).
 
-Schema evolution follows msgspec's rules: a new field comes with a default, an existing field's
-type never changes, and unknown fields are ignored, so old workers tolerate new publishers.
+Schema evolution follows msgspec's rules: a new field comes with a default and an existing field's
+type never changes. What producers write (a Start and its Options, a run's Manifest) rejects
+unknown fields, so a typo is an error with its path, not a setting silently ignored: a new field
+there reaches the workers before the producers that use it. Messages between workers ignore
+unknown fields, so old workers tolerate new ones during a rolling upgrade. What gymbus writes for
+readers in any language (a Result, a DeadLetter) carries every field, defaults included.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import msgspec
 from msgspec import Meta
 
 from broker import names
+from broker.params import Sampling
 
 RunId = Annotated[str, Meta(pattern=names.PATTERN, description=f"Run id: {names.RULE}.")]
 Name = Annotated[str, Meta(pattern=names.PATTERN, description=f"A function name (one subject token): {names.RULE}.")]
@@ -43,8 +48,9 @@ class Msg(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_fie
     """A wire message: immutable, keyword-only, tagged by its lowercased class name in ``kind``."""
 
 
-class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Per-rollout limits and model options, fixed at submission and carried in the session."""
+class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Per-rollout limits and model options, fixed when the rollout starts and carried in its session.
+    A field a Start leaves out takes the run's default (its manifest's ``defaults.options``), else this one."""
 
     max_steps: Annotated[int, Meta(ge=1)] = 8
     """Most agent turns (model calls) before the rollout is sent to verification."""
@@ -67,8 +73,9 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     the rollout with ``invalid_input`` naming the call."""
 
 
-class Start(Msg, frozen=True, kw_only=True):
-    """Begin a rollout: one repeat of one task. Published to ``gym.agent.<agent>``."""
+class Start(Msg, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Begin a rollout: one repeat of one task. Published to ``gym.agent.<agent>`` with the message id
+    ``<run_id>.<task_index>.<rollout_index>:start:<attempt>``."""
 
     run_id: RunId
     """The run this rollout belongs to; its Result goes to ``gym.result.<run_id>``."""
@@ -79,17 +86,20 @@ class Start(Msg, frozen=True, kw_only=True):
     attempt: Index = 0
     """Bumped to re-run a finished rollout (resume after a lost Result, `gymbus replay`)."""
     agent: Name
-    """The agent function that takes the steps."""
+    """The agent function that takes the steps: the one whose subject ``gym.agent.<agent>`` this is published to."""
     env: Name
     """The environment whose tools run and whose verifier scores the answer."""
     model: str = "policy"
     """Model name: looked up in the ``models`` KV bucket for endpoints, and sent as the request's model."""
     responses_create_params: dict[str, Any]
-    """OpenAI Responses create body: ``input`` (str or items), ``tools``, sampling parameters."""
+    """OpenAI Responses create body: ``input`` (str or items), ``tools``, sampling parameters (see
+    `broker.params.CreateParams`). Parameters it leaves out take the run's defaults; without ``tools``
+    the environment's tools are offered."""
     meta: dict[str, Any] = {}
-    """The task row's other fields, for the verifier (``expected_answer``, …); never sent to the model."""
+    """The task row's other fields, for the verifier (``expected_answer``, …); never sent to the model.
+    Checked against the environment's schema of them (``gymbus schema start --env ENV``)."""
     options: Options = Options()
-    """Limits and model options for this rollout."""
+    """Limits and model options for this rollout; a field left out takes the run's default."""
 
 
 class Resume(Msg, frozen=True, kw_only=True):
@@ -141,7 +151,7 @@ class Verify(Msg, frozen=True, kw_only=True):
     """The session's step counter this message applies to."""
 
 
-class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Usage(msgspec.Struct, kw_only=True):
     """Token counts summed over the rollout's model calls."""
 
     input_tokens: int = 0
@@ -150,7 +160,7 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Generated tokens, summed over calls."""
 
 
-class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Timings(msgspec.Struct, kw_only=True):
     """Where a rollout's time went, in seconds, summed over its hops."""
 
     submitted_at: float = 0.0
@@ -179,7 +189,7 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
         return max(0.0, self.finished_at - self.submitted_at)
 
 
-class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Turn(msgspec.Struct, kw_only=True):
     """Token-level record of one model call, for on-policy training (empty unless requested)."""
 
     prompt_token_ids: list[int] = []
@@ -190,8 +200,9 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Log-probability of each generated token."""
 
 
-class Result(Msg, frozen=True, kw_only=True):
-    """One finished rollout: a reward, or a failure with its kind. Published to ``gym.result.<run_id>``."""
+class Result(Msg, frozen=True, kw_only=True, omit_defaults=False):
+    """One finished rollout: a reward, or a failure with its kind. Published to ``gym.result.<run_id>``
+    with every field present (``reward: null`` on a failure, ``attempt: 0``, ...)."""
 
     session_id: str
     """The rollout's session key."""
@@ -332,10 +343,22 @@ class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
     env_tools: bool = True
 
 
-class Manifest(msgspec.Struct, kw_only=True):
-    """A run's manifest, in the KV bucket ``runs`` under ``<run_id>.manifest``: written once by whoever
-    starts the run (`gymbus collect`, `gymbus submit`, or any producer), read by `gymbus status` and the
-    profiler (without it a run's total is unknown)."""
+class RunDefaults(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a run's rollouts get where their Start says nothing, applied by the agent worker."""
+
+    sampling: Sampling = Sampling()
+    """Sampling parameters for each Start whose ``responses_create_params`` does not set them (null: not set)."""
+    options: Options = Options()
+    """Options for each Start whose ``options`` leave them out (field by field)."""
+    env_tools: bool = True
+    """Offer the environment's tools to the model when a Start's ``responses_create_params`` has no ``tools``."""
+
+
+class Manifest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A run's manifest, in the KV bucket ``runs`` under ``<run_id>.manifest``: written by whoever
+    starts the run (`gymbus collect`, `gymbus submit`, or any producer), before its Starts. The agent
+    workers apply its ``defaults`` to the run's Starts; `gymbus status` and the profiler read its
+    totals (without it a run's total is unknown)."""
 
     run_id: RunId
     expected: Annotated[int, Meta(ge=0)]
@@ -350,36 +373,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     """Unix time the run started."""
     identity: RunIdentity | None = None
     """What the run id is bound to (written by gymbus; other producers may leave it out)."""
+    defaults: RunDefaults = msgspec.field(default_factory=RunDefaults)
+    """What the run's rollouts get where their Start says nothing."""
 
 
 manifest_decoder = msgspec.json.Decoder(Manifest)
-
-
-class DeadLetter(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A message that failed for good, kept on ``gym.dead.<function>`` with why (see `gymbus dead-letters`)."""
-
-    function: str
-    """The function whose consumer gave up on it."""
-    subject: str
-    """The subject it was published to."""
-    stream_seq: int
-    """Its sequence in the work stream."""
-    num_delivered: int
-    """How many times it was delivered."""
-    failure_kind: FailureKind
-    """The kind of the last error."""
-    error: str
-    """The last error, readable."""
-    session_id: str | None = None
-    """The rollout it belonged to, when known."""
-    payload: str
-    """The original message body (UTF-8 text, or base64 if it was not text)."""
-    payload_encoding: Literal["utf-8", "base64"] = "utf-8"
-    """How ``payload`` is encoded."""
-    headers: dict[str, str] = {}
-    """The original message headers."""
-    dead_at: float
-    """Unix time it was dead-lettered."""
-
-
-dead_letter_decoder = msgspec.json.Decoder(DeadLetter)

@@ -11,6 +11,7 @@
     KV sessions  <run_id>.<task>.<rollout>  live rollout state (CAS on the step counter)
     KV runs      <run_id>...                 run manifests and profiler snapshots (<run_id>.profile)
     KV models    <model name>                the model's live endpoints
+    KV functions agent.<name>, env.<name>    each function as its workers registered it (broker/functions.py)
     KV sandboxes <pool>.<slot>               fleet-wide sandbox admission: one leased key per running sandbox
 
 Every function has one durable pull consumer per subject, shared by all its replicas; the profiler
@@ -48,6 +49,7 @@ stream so none is lost while no janitor listens (see runtime/engine/janitor.py).
 SESSIONS = "sessions"
 RUNS = "runs"
 MODELS = "models"
+FUNCTIONS = "functions"
 SANDBOXES = "sandboxes"
 """Leases of the fleet-wide sandbox semaphore (runtime/sandbox/admission.py); per-key TTLs."""
 
@@ -250,6 +252,7 @@ def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
         kv_stream(SESSIONS, ttl_s=limits.session_ttl_s),
         kv_stream(RUNS),
         kv_stream(MODELS),
+        kv_stream(FUNCTIONS),
         kv_stream(SANDBOXES),
     ]
     for config in configs:

@@ -40,7 +40,7 @@ STREAMS = [
     topology.RESULTS_STREAM,
     topology.DEAD_STREAM,
     topology.ADVISORY_STREAM,
-    *(f"KV_{b}" for b in (topology.SESSIONS, topology.RUNS, topology.MODELS)),
+    *(f"KV_{b}" for b in (topology.SESSIONS, topology.RUNS, topology.MODELS, topology.FUNCTIONS)),
 ]
 
 
@@ -132,6 +132,7 @@ async def test_every_identity_does_its_job_and_the_model_key_leaks_nowhere(
             collect = gymbus([*args, "--quiet"], seeds["submitter"], logs / "collect", **common)
             assert finished(collect) == 0, (logs / "collect").read_text()
             await poison_a_tool_message(url, seeds["admin"])
+            unknown = await a_start_for_an_unknown_environment(url, seeds["submitter"])
             letters = await operator_sees_a_dead_letter(url, seeds["operator"], logs / "operator")
             status = gymbus(["status", "--nats", url, "--json"], seeds["operator"], logs / "status")
             assert finished(status) == 0, (logs / "status").read_text()
@@ -145,6 +146,7 @@ async def test_every_identity_does_its_job_and_the_model_key_leaks_nowhere(
     rows = [json.loads(line) for line in (tmp_path / "least" / "rollouts.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["reward"] == 1.0 for r in rows)
     assert letters and letters[0]["failure_kind"] == "invalid_input" and letters[0]["function"] == "math"
+    assert unknown["failure_kind"] == "invalid_input" and "unknown environment 'nosuch'" in unknown["failure_reason"]
     said = {p.name: p.read_text() for p in logs.iterdir()}
     denied = [
         line
@@ -168,6 +170,23 @@ async def poison_a_tool_message(url: str, admin_seed: Path) -> None:
     nc = await connect(url, name="poisoner", auth=client_auth({"NATS_NKEY": str(admin_seed)}))
     try:
         await nc.jetstream().publish("gym.tool.math", b'{"kind": "tools", "session_id": "least.9.0", "step": "x"}')
+    finally:
+        await nc.close()
+
+
+async def a_start_for_an_unknown_environment(url: str, seed: Path) -> dict:
+    """The agent worker, which may not see consumers outside its deployment, still answers it at once."""
+    nc = await connect(url, name="producer", auth=client_auth({"NATS_NKEY": str(seed)}))
+    start = {"kind": "start", "run_id": "nowhere", "task_index": 0, "agent": "simple_agent", "env": "nosuch"}
+    start["responses_create_params"] = {"input": "What is 1001 divided by 7?"}
+    try:
+        js = nc.jetstream()
+        await js.publish("gym.agent.simple_agent", json.dumps(start).encode(), headers={"Nats-Msg-Id": "nowhere.0"})
+        sub = await js.subscribe("gym.result.nowhere", ordered_consumer=True)
+        try:
+            return json.loads((await sub.next_msg(timeout=60)).data)
+        finally:
+            await sub.unsubscribe()
     finally:
         await nc.close()
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-from broker import inspect, topology
+from broker import functions, inspect, topology
 from runtime.engine.janitor import Janitor
 from runtime.testing import Harness
 from tests import fault_suite as fs
 
 
 async def test_rollout_stuck_on_an_unserved_environment_times_out(harness: Harness) -> None:
-    """The agent hands the rollout to `gym.tool.nowhere`, which no worker serves: the reaper ends it."""
+    """The agent hands the rollout to `gym.tool.nowhere`, an environment whose workers are all away
+    (registered once, served by none now): the reaper ends it."""
+    await functions.write(harness.js, functions.Registration(role="env", name="nowhere"))
     await harness.simulate(fs.MATH_TASKS, accuracy=1.0)
     await harness.worker("simple_agent", janitor=False)
     [start] = fs.starts("stuck", 1, env="nowhere", rollout_timeout_s=1.5)

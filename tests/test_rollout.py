@@ -7,6 +7,8 @@ import msgspec
 from broker import topology
 from broker.schemas import Tools, encoder, tool_decoder
 from conftest import MATH_TASKS
+from runtime.engine.registry import register
+from runtime.sdk import load
 from runtime.testing import Harness, wait_until
 
 
@@ -53,7 +55,8 @@ async def test_rollout_without_tools_goes_straight_to_verify(harness: Harness, m
     await harness.simulate(MATH_TASKS, accuracy=0.0)
     await harness.worker("simple_agent")
     await harness.worker("math")
-    await harness.submit(harness.start(math_rows[1], run_id="r2"))
+    row = {**math_rows[1], "responses_create_params": {**math_rows[1]["responses_create_params"], "tools": []}}
+    await harness.submit(harness.start(row, run_id="r2"))  # tools: [] offers none (left out: the environment's)
     [result] = await harness.results("r2", 1)
     assert result.reward == 0.0  # accuracy 0: always wrong, and a wrong answer is a reward, not a failure
     assert result.failure_kind is None
@@ -91,6 +94,7 @@ async def test_redelivered_tools_message_commits_one_step(harness: Harness, math
         **math_rows[0],
         "responses_create_params": {**math_rows[0]["responses_create_params"], "tools": [harness_tool_spec()]},
     }
+    await register(harness.js, load("math"))  # math is known, but none of its workers runs yet
     agent = await harness.worker("simple_agent")
     await harness.submit(harness.start(row, env="math", run_id="r4"))  # no environment worker yet
     tool_subject = topology.tool_subject("math")

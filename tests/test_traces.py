@@ -46,7 +46,7 @@ def test_quickstart_writes_traces_and_the_slowest_waterfall_prints(tmp_path: Pat
     assert hops["rollout"].count == 8 and hops["model call"].count == 16 and hops["tool call"].count == 8
     for hop in ("queue: agent", "queue: tool", "queue: verify", "agent step", "tool step", "verify step", "publish"):
         assert hops[hop].count > 0 and hops[hop].p50_s >= 0
-    assert hops["rollout"].share > 0.99
+    assert hops["rollout"].share > 0.97  # the root covers the trace, but for the last worker's ack after the Result
 
     shown = gymbus("traces", str(run_dir), "--slowest", "1").stdout
     slowest = traces.slowest(rollouts, 1)[0]

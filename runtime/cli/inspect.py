@@ -139,17 +139,35 @@ def dead_letters(
 
 def schema(
     kind: Annotated[
-        str, typer.Argument(help="all, start, resume, seed, tools, verify, result, dead-letter or manifest.")
+        str,
+        typer.Argument(
+            help="all, start, resume, seed, tools, verify, result, dead-letter, manifest, registration, create-params."
+        ),
     ] = "all",
+    env: Annotated[
+        str | None,
+        typer.Option("--env", help="With `start`: that environment's Start (its task fields in meta, its tools)."),
+    ] = None,
+    nats: NatsOpt = None,
 ) -> None:
     """Print the JSON Schema (draft 2020-12) of the wire messages, generated from their msgspec types.
 
     A task is a `start` message published to gym.agent.<agent>; any NATS client can validate against
-    this schema and publish it (see the README for a `nats pub` example).
+    this schema and publish it (see the README, "Publishing from any language"). `start --env ENV`
+    narrows it to one environment, from its registration on the broker (--nats) or by importing it.
     """
     from broker.wireschema import schema as wire_schema
+    from broker.wireschema import start_for
 
+    if env is not None and kind != "start":
+        raise UsageError(f"--env narrows the start message, not {kind!r}: gymbus schema start --env {env}")
     try:
-        sys.stdout.write(json.dumps(wire_schema(kind), indent=2) + "\n")
+        if env is not None:
+            from runtime.engine.registry import environment_registration
+
+            out = start_for(run(environment_registration(env, nats)))
+        else:
+            out = wire_schema(kind)
     except KeyError as exc:
         raise UsageError(str(exc.args[0])) from None
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")

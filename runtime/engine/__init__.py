@@ -3,6 +3,8 @@
     worker.py       Worker: binds a function to its durable consumers, runs, settles and drains messages
     pull.py         one-shot pull requests and handler slots per consumer
     transitions.py  the rollout state machine: one transition, exactly once (CAS on the step counter)
+    admission.py    what an agent worker decides about a Start before any model call (defaults, checks)
+    registry.py     a function's registration in KV functions (tools, task fields' schema, seed)
     agents.py       the agent role: Start and Resume run the agent's step
     environments.py the environment roles: Seed, Tools (the model's tool calls) and Verify
     records.py      session records and Results: opened from a Start, kept within one message

@@ -18,7 +18,8 @@ import msgspec
 from nats.js import JetStreamContext
 
 from broker import inspect, topology
-from broker.schemas import Result, dead_letter_decoder, result_decoder
+from broker.letters import dead_letter_decoder
+from broker.schemas import Result, result_decoder
 from runtime.engine.deadletters import lenient_ids
 
 

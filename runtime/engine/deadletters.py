@@ -18,13 +18,12 @@ import msgspec
 from nats.js import JetStreamContext
 
 from broker import inspect, names, topology
+from broker.letters import DeadLetter, dead_letter_decoder
 from broker.publish import publish, publish_raw
 from broker.schemas import (
-    DeadLetter,
     FailureKind,
     Msg,
     Start,
-    dead_letter_decoder,
     encoder,
     parse_session_id,
     session_id,
@@ -60,6 +59,7 @@ async def dead_letter(
         failure_kind=kind,
         error=error,
         session_id=sid,
+        msg_id=(headers or {}).get("Nats-Msg-Id"),
         payload=payload,
         payload_encoding=encoding,
         headers=dict(headers or {}),

@@ -21,7 +21,7 @@ from runtime.telemetry import genai, spans
 async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
     match msg:
         case Seed():
-            await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(env, s))
+            await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(rt, env, s))
         case Tools():
             await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(rt, env, s))
         case _:
@@ -34,9 +34,16 @@ async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) ->
     await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(rt, env, s))
 
 
-async def _seed(env: Environment, s: Session) -> None:
+async def _seed(rt: Runtime, env: Environment, s: Session) -> None:
+    """Set up a new session before its first model call: check its task fields, offer this environment's
+    tools if the Start listed none (the run's ``env_tools`` permitting; the agent worker already did
+    if it knew this environment's registration), then the environment's own ``seed``."""
+    task = env.task(s)
+    if "tools" not in s.params and env.by_name and rt.admission is not None:
+        if (await rt.admission.defaults(s.run_id)).env_tools:
+            s.params["tools"] = env.tool_specs()
     if env.seed is not None:
-        await env.seed(Context(s.session_id, env.task(s), s.env_state))
+        await env.seed(Context(s.session_id, task, s.env_state))
     s.phase = "model"
 
 

@@ -11,9 +11,10 @@ its work-stream sequence), so any number of janitors may run:
 - **Deadlines.** A rollout whose message is never handled (stuck behind a subject nobody serves)
   would never reach its in-handler deadline check. The reaper scans the ``sessions`` bucket and
   fails every live session past ``rollout_timeout_s`` (plus ``grace_s``) with ``timeout``.
-- **Unserved subjects.** A message on a work subject no consumer serves (an unknown agent or
-  environment name) for ``orphan_after_s`` is dead-lettered and its rollout failed with
-  ``invalid_input``, naming the subject.
+- **Unserved subjects.** A message on a work subject no consumer serves is dead-lettered and its
+  rollout failed with ``invalid_input``, naming the subject: after ``unknown_after_s`` (seconds) when
+  no worker of that name ever registered (an unknown agent or environment: a typo), after
+  ``orphan_after_s`` when one did (its workers are away).
 
 Every worker runs a janitor by default (``Worker.janitor``), so a deployment with any live worker
 has one; ``gymbus janitor`` runs one on its own. The advisory consumer is shared by all janitors
@@ -36,7 +37,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from broker import advisories, topology
+from broker import advisories, functions, topology
 from broker.denials import PermissionDenied
 from broker.schemas import FailureKind, Msg, wire_decoder
 from broker.sessions import SessionStore
@@ -64,7 +65,9 @@ class Janitor:
     grace_s: float = 5.0
     """How long past a rollout's deadline the reaper waits (its own handler's deadline fires first)."""
     orphan_after_s: float = 120.0
-    """How long a message may wait on a subject no worker serves before it is failed as unknown."""
+    """How long a message may wait on a subject no worker serves, of a function that registered once."""
+    unknown_after_s: float = 5.0
+    """How long a message may wait on a subject of a function that never registered (an unknown name)."""
     stats: Counter[str] = field(default_factory=Counter)
 
     @classmethod
@@ -74,6 +77,7 @@ class Janitor:
             "scan_interval_s": "GYMBUS_JANITOR_INTERVAL_S",
             "grace_s": "GYMBUS_JANITOR_GRACE_S",
             "orphan_after_s": "GYMBUS_ORPHAN_AFTER_S",
+            "unknown_after_s": "GYMBUS_UNKNOWN_AFTER_S",
         }
         values = {k: float(os.environ.get(v) or getattr(cls, k)) for k, v in env.items()}
         return cls(
@@ -83,6 +87,7 @@ class Janitor:
             scan_interval_s=values["scan_interval_s"],
             grace_s=values["grace_s"],
             orphan_after_s=values["orphan_after_s"],
+            unknown_after_s=values["unknown_after_s"],
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -212,26 +217,36 @@ class Janitor:
         served: set[str] = set()
         for c in await self.js.consumers_info(topology.WORK_STREAM):
             served.update([c.config.filter_subject or "", *(c.config.filter_subjects or [])])
+        unserved = sorted(set(waiting) - served)
+        if not unserved:
+            return 0
+        registered = await functions.registered(self.js)
         moved = 0
-        for subject in sorted(set(waiting) - served):
-            moved += await self._move_subject(rt, subject, now, MOVE_PER_SWEEP - moved)
+        for subject in unserved:
+            moved += await self._move_subject(rt, subject, now, MOVE_PER_SWEEP - moved, registered)
         self.stats["orphaned"] += moved
         return moved
 
-    async def _move_subject(self, rt: Runtime, subject: str, now: float, most: int) -> int:
+    async def _move_subject(
+        self, rt: Runtime, subject: str, now: float, most: int, registered: set[tuple[functions.FunctionRole, str]]
+    ) -> int:
         _, role, name = subject.split(".", 2)
-        what = "agent" if role == "agent" else "environment"
-        reason = (
-            f"no worker serves {subject}: unknown {what} {name!r} "
-            f"(nothing consumed it for {self.orphan_after_s:g}s) - at `$.{'agent' if role == 'agent' else 'env'}`"
-        )
+        what, field = ("agent", "agent") if role == "agent" else ("environment", "env")
+        if ("agent" if role == "agent" else "env", name) in registered:
+            after = self.orphan_after_s
+            why = f"nothing consumed it for {after:g}s, though a worker of it registered once"
+        else:
+            after = min(self.orphan_after_s, self.unknown_after_s)
+            known = sorted(n for r, n in registered if r == ("agent" if role == "agent" else "env"))
+            why = f"no worker of it ever registered; registered {what}s: {', '.join(known) or 'none'}"
+        reason = f"no worker serves {subject}: unknown {what} {name!r} ({why}) - at `$.{field}`"
         moved, seq = 0, 1
         while moved < most:
             try:
                 raw = await self.js.get_msg(topology.WORK_STREAM, seq=seq, subject=subject, next=True)
             except NotFoundError:
                 break
-            if raw.time is not None and now - raw.time.timestamp() < self.orphan_after_s:
+            if raw.time is not None and now - raw.time.timestamp() < after:
                 break
             await self._bury(rt, raw, name, "invalid_input", reason, 0)
             moved, seq = moved + 1, (raw.seq or seq) + 1

@@ -10,6 +10,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from broker import topology
+from broker.params import CreateParams
 from broker.schemas import FailureKind, Result, Session, Start, Timings, encoder, session_encoder, session_id
 from runtime.errors import ContextLength, InvalidInput
 
@@ -20,29 +21,29 @@ RolloutIds = tuple[str, int, int, int]
 """(run_id, task_index, rollout_index, attempt): what names one attempt of one rollout."""
 
 
-class CreateParams(msgspec.Struct):
-    """The parts of a Responses create body gymbus reads; the rest passes through to the model."""
-
-    input: str | list[dict[str, Any]]
-    tools: list[dict[str, Any]] = []
-    instructions: str | None = None
-
-
 def input_items(params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The create body's ``input`` as Responses items; InvalidInput names the field."""
+    """The create body's ``input`` as Responses items, once the body passes `CreateParams` (the
+    Responses API's fields, typed); InvalidInput names the field."""
     try:
         parsed = msgspec.convert(params, CreateParams)
     except msgspec.ValidationError as exc:
-        raise InvalidInput(str(exc).replace("`$", "`$.responses_create_params", 1)) from exc
+        raise InvalidInput(at(str(exc), "$.responses_create_params")) from exc
     if isinstance(parsed.input, str):
         return [{"type": "message", "role": "user", "content": parsed.input}]
-    items = [dict(i) for i in parsed.input]
+    items = [dict(i) for i in params["input"]]
     for n, item in enumerate(items):
         if "type" not in item:
             if "role" not in item:
                 raise InvalidInput(f"item has neither `type` nor `role` - at `$.responses_create_params.input[{n}]`")
             item["type"] = "message"
     return items
+
+
+def at(error: str, where: str) -> str:
+    """A msgspec error about a part of a message, told with the part's path (msgspec leaves out ``$``)."""
+    if " - at `$" in error:
+        return error.replace(" - at `$", f" - at `{where}", 1)
+    return f"{error} - at `{where}`"
 
 
 def new_session(msg: Start, base_step: int, d: Delivery) -> Session:

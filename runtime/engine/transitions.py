@@ -33,6 +33,7 @@ from broker import topology
 from broker.publish import publish
 from broker.schemas import Msg, Phase, Resume, Seed, Session, Tools, Verify
 from broker.sessions import SessionStore, StateConflict
+from runtime.engine.admission import Admission
 from runtime.engine.records import finish_timings, fit, max_record_bytes
 from runtime.errors import DeadlineExceeded, GymError, Timeout
 from runtime.sdk import Respond
@@ -63,6 +64,8 @@ class Runtime:
     js: JetStreamContext
     store: SessionStore
     respond: Respond | None = None
+    admission: Admission | None = None
+    """Decides Starts (agent workers) and reads runs' defaults (environment workers); see admission.py."""
     done_ttl_s: float = 3600.0
     """How long a finished session stays in KV (so late duplicates find it done), then expires."""
 

@@ -36,7 +36,9 @@ from broker.schemas import (
 )
 from broker.sessions import SessionStore
 from broker.topology import Limits, Role
+from runtime.engine import registry
 from runtime.engine import retry as policy
+from runtime.engine.admission import Admission, rejection
 from runtime.engine.agents import handle_agent
 from runtime.engine.clients import close_client
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
@@ -145,7 +147,12 @@ class Worker:
             await topology.ensure(js, self.limits)
             if isinstance(self.function, Agent):
                 client = ModelClient(Endpoints(js, self.model_url))
-            rt = Runtime(js, SessionStore(js), respond=genai.TracedModel(client) if client else None)
+            rt = Runtime(
+                js,
+                SessionStore(js),
+                respond=genai.TracedModel(client) if client else None,
+                admission=Admission(js, agent=self.name),
+            )
             loops = []
             for role in self.roles or roles_of(self.function):
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)
@@ -156,6 +163,7 @@ class Worker:
                 jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
             sweeper = asyncio.create_task(self._sweep()) if self.heartbeat else None
+            await registry.register(js, self.function)
             self.ready.set()
             log.info(
                 "worker %s serving %s",
@@ -214,6 +222,8 @@ class Worker:
                 return
             hop.message(type(msg).__name__.lower(), sid_of(msg))
             try:
+                if isinstance(msg, Start) and rt.admission is not None:
+                    msg = await rt.admission.admit(msg, m.data)  # decided here, whoever published it
                 await handle(rt, self.function, msg, d)
             except Retry as exc:
                 await self._retry_or_fail(rt, m, role, msg, "internal", exc.reason, d, True, exc.delay)
@@ -291,7 +301,7 @@ class Worker:
 
     async def _reject(self, rt: Runtime, m: NatsMsg, role: Role, exc: msgspec.DecodeError, d: Delivery) -> None:
         """A message that does not decode is permanent: dead-letter it and fail its rollout if it names one."""
-        reason = f"invalid {role} message: {exc}"
+        reason = rejection(role, m.data, exc)
         ids = lenient_ids(m.data)
         await self._dead_letter(rt, m, role, "invalid_input", reason, d, ids[0] if ids else None)
         if ids:

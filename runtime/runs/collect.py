@@ -44,6 +44,7 @@ from runtime.runs.models import describe_endpoints, register_model, urls_of, wri
 from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
+from runtime.runs.tasks import run_defaults
 from runtime.sdk import Environment
 from runtime.telemetry import tracing
 from runtime.telemetry.spans import RolloutSpans
@@ -180,6 +181,9 @@ class Collector:
             await register_model(js, cfg.model, urls, writer("collect"))
             simulated = self.stack is not None and not cfg.model.base_url
             await _register_named_models(js, cfg, urls, simulated, self.plan.envs.values())
+        if self.stack is not None:  # once the models are registered: a resumed run's leftovers run at once
+            pairs = self.plan.functions
+            await self.stack.wait_registered(js, {a for a, _ in pairs}, {e for _, e in pairs}, since=self.t_start)
 
     async def _gather(self, js: JetStreamContext, nats_url: str) -> None:
         plan = self.plan
@@ -190,6 +194,7 @@ class Collector:
             repeats=self.cfg.repeats,
             pass_threshold=self.cfg.profile.pass_threshold,
             identity=plan.identity,
+            defaults=run_defaults(self.cfg),
         )
         folder_identity = self.folder.identity() if self.summary.wrote_folder else None
         fresh = await identities.open_manifest(js, manifest, extend=self.extend, folder=folder_identity)
@@ -214,14 +219,7 @@ class Collector:
         try:
             with progress:
                 self.summary.submitted = len(wanted) + await rollouts.publish_starts(
-                    js,
-                    self.cfg,
-                    plan.run_id,
-                    {t.index: t for t in plan.tasks},
-                    attempts,
-                    plan.env,
-                    self.roots,
-                    plan.envs,
+                    js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, self.roots
                 )
                 await self._wait(progress, wanted)
         finally:

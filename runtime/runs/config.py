@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from broker.params import Sampling
 from broker.schemas import Name, Options
 from runtime.errors import ConfigError
 
@@ -78,8 +79,8 @@ class RunConfig(Strict):
     limit: Annotated[int, Meta(ge=1)] | None = None
     output: str = "runs"
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
-    sampling: dict[str, Any] = {}
-    """Merged into every task's responses_create_params (the task's own values win)."""
+    sampling: Sampling = Sampling()
+    """The run's default sampling parameters (a task's own values win; null: not set)."""
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     workers: WorkersConfig = msgspec.field(default_factory=WorkersConfig)
     env_tools: bool = True

@@ -37,7 +37,7 @@ def identity_of(cfg: RunConfig) -> RunIdentity:
         model=cfg.model.name,
         repeats=cfg.repeats,
         limit=cfg.limit,
-        sampling=cfg.sampling,
+        sampling=cfg.sampling.given(),
         options=msgspec.to_builtins(cfg.limits.options()),
         env_tools=cfg.env_tools,
     )
@@ -100,7 +100,8 @@ async def open_manifest(
         old = manifest_decoder.decode(entry.value or b"{}")
         if old.identity is not None:
             check_resume(manifest.run_id, old.identity, manifest.identity, extend=extend)
-        if old.identity == manifest.identity and old.expected == manifest.expected:
+        same = (old.identity, old.expected, old.defaults) == (manifest.identity, manifest.expected, manifest.defaults)
+        if same:
             return False
         manifest.created_at = old.created_at
         try:

@@ -41,7 +41,7 @@ class Plan:
     tasks: list[TaskRow]
     identity: RunIdentity
     env: Environment | None
-    """The environment, for its tool specs (None with --nats when it is not importable here)."""
+    """The environment, checked to be what the run says (None with --nats when it is not importable here)."""
     model: dict[str, Any] = field(default_factory=dict)
     """What the pre-flight check learnt of the model endpoints (for metadata.json)."""
     envs: dict[str, Environment] = field(default_factory=dict)
@@ -90,7 +90,7 @@ def _load_functions(cfg: RunConfig) -> Environment | None:
     except InputError as exc:
         if not cfg.nats:
             raise
-        log.warning("%s; tasks keep their own tools", exc)
+        log.warning("%s (its workers, which decide its tools, run elsewhere)", exc)
         env = None
     if not cfg.nats:
         _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent)

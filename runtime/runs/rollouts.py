@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 
-import msgspec
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
@@ -25,7 +24,6 @@ from runtime.engine.failures import publish_orphan_failure
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 from runtime.runs.tasks import TaskRow, build_start
-from runtime.sdk import Environment
 from runtime.telemetry.spans import RolloutSpans
 
 log = logging.getLogger("gymbus.collect")
@@ -62,15 +60,10 @@ async def publish_starts(
     run_id: str,
     tasks: dict[int, TaskRow],
     attempts: dict[Key, int],
-    env: Environment | None,
     roots: RolloutSpans | None = None,
-    envs: dict[str, Environment] | None = None,
 ) -> int:
     """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
     over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
-    known = {**({cfg.env: env} if env is not None else {}), **(envs or {})}
-    specs = {name: e.tool_specs() for name, e in known.items()} if cfg.env_tools else {}
-    seeded = {name for name, e in known.items() if e.seed is not None}
     sem = asyncio.Semaphore(256)
 
     async def one(task_index: int, rollout: int, attempt: int) -> None:
@@ -80,9 +73,7 @@ async def publish_starts(
             if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
                 await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
                 return
-            start = build_start(cfg, run_id, task, rollout, attempt, specs.get(task.env or cfg.env))
-            if start.env in seeded and not start.options.seed:  # a stateful environment seeds every session
-                start = msgspec.structs.replace(start, options=msgspec.structs.replace(start.options, seed=True))
+            start = build_start(cfg, run_id, task, rollout, attempt)  # the row as it is: the workers decide
             subject = topology.agent_subject(start.agent)
             try:
                 with roots.submitting(start, sid) if roots else contextlib.nullcontext():

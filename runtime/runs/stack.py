@@ -7,6 +7,7 @@ running the same commands the compose services run. Everything is stopped when t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -18,6 +19,9 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
+from nats.js import JetStreamContext
+
+from broker import functions
 from broker.server import EmbeddedServer, die_with_parent
 
 log = logging.getLogger("gymbus.stack")
@@ -147,6 +151,22 @@ class LocalStack:
         proc = Process("profiler", gymbus_command("profiler", "--nats", self.nats_url), self.log_dir)
         self.procs.append(proc)
         return proc
+
+    async def wait_registered(
+        self, js: JetStreamContext, agents: set[str], envs: set[str], since: float, timeout: float = 300
+    ) -> None:
+        """Until each function has registered since ``since`` (its worker is up and its tools are known
+        to the agents), so the run's first Starts never meet an environment whose worker is starting."""
+        deadline = time.monotonic() + timeout
+        wanted: list[tuple[functions.FunctionRole, str]] = [("agent", a) for a in sorted(agents)]
+        wanted += [("env", e) for e in sorted(envs)]
+        for role, name in wanted:
+            while (reg := await functions.read(js, role, name)) is None or reg.written_at < since:
+                if dead := [p for p in self.check() if p.startswith("worker-")]:
+                    raise RuntimeError(f"{dead[0]} exited while starting; see {self.log_dir / dead[0]}.log")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{role} {name!r} did not register within {timeout:g}s; see {self.log_dir}")
+                await asyncio.sleep(0.1)
 
     def check(self) -> list[str]:
         """Names of child processes that died."""

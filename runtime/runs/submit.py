@@ -22,6 +22,7 @@ from runtime.runs.config import RunConfig
 from runtime.runs.feed import stored_results
 from runtime.runs.models import register_model, urls_of, writer
 from runtime.runs.plan import check_served, prepare
+from runtime.runs.tasks import run_defaults
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,13 @@ async def submit(
             repeats=cfg.repeats,
             pass_threshold=cfg.profile.pass_threshold,
             identity=plan.identity,
+            defaults=run_defaults(cfg),
         )
         fresh = await identities.open_manifest(js, manifest, extend=extend, folder=None)
         finished = expected & {(r.task_index, r.rollout_index) for r in await stored_results(js, plan.run_id)}
         attempts = await rollouts.plan(js, sorted(expected - finished), plan.run_id, fresh, time.time())
         submitted = await rollouts.publish_starts(
-            js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env, envs=plan.envs
+            js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts
         )
     finally:
         await nc.close()

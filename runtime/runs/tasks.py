@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.schemas import Start
+from broker.schemas import RunDefaults, Start
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 
@@ -63,18 +63,18 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def build_start(
-    cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attempt: int, tool_specs: list[dict[str, Any]] | None
-) -> Start:
-    """The Start of one rollout of a task row: the row's create params (the config's sampling under the
-    row's own values, the environment's tools when the row lists none) and its verifier fields as meta."""
+def run_defaults(cfg: RunConfig) -> RunDefaults:
+    """What the run's rollouts get where their row says nothing: written into the run's manifest, and
+    applied by the agent workers (so a row published by any other producer runs the same way)."""
+    return RunDefaults(sampling=cfg.sampling, options=cfg.limits.options(), env_tools=cfg.env_tools)
+
+
+def build_start(cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attempt: int) -> Start:
+    """The Start of one rollout of a task row, as the row is: its create params unchanged and its other
+    fields as meta. The run's defaults are in its manifest (`run_defaults`), not in the Start."""
     assert task.row is not None
     meta = {k: v for k, v in task.row.items() if k != "responses_create_params"}
     params = task.row.get("responses_create_params")
-    if isinstance(params, dict):
-        params = {**cfg.sampling, **params}
-        if tool_specs and "tools" not in params:
-            params["tools"] = tool_specs
     return Start(
         run_id=run_id,
         task_index=task.index,
@@ -85,5 +85,4 @@ def build_start(
         model=cfg.model.name,
         responses_create_params=params,  # type: ignore[arg-type]  # a wrong type fails at the agent, naming the field
         meta=meta,
-        options=cfg.limits.options(),
     )
