@@ -34,6 +34,7 @@ FailureKind = Literal[
     "worker_lost",  # a message spent its delivery budget without an answer (workers died)
     "cancelled",  # the user cancelled the rollout
     "internal",  # a gymbus invariant broke (a bug): reported, never scored
+    "history_changed",  # token_exact: the conversation changed before the model's last turn; cannot be spliced
 ]
 
 
@@ -59,6 +60,10 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     retry: list[FailureKind] | None = None
     """Failure kinds redelivered with backoff until the delivery budget is spent (None: the default
     policy, ``runtime.engine.retry.DEFAULT_RETRY``); the other kinds end the rollout at once."""
+    token_exact: bool = False
+    """Keep one token sequence for the whole rollout: every turn's prompt is the previous turn's prompt
+    and generation (the model's own ids, never re-tokenized) plus the tokenized new messages, sent as
+    token ids (vLLM ``/v1/completions``); the Result carries it as ``trajectory``. Implies token ids."""
     invalid_tool_calls: Literal["return_error", "fail"] = "return_error"
     """A tool call the model got wrong (unknown tool, invalid JSON, arguments failing the schema):
     ``return_error`` answers it with an error output the model reads on its next turn; ``fail`` ends
@@ -186,6 +191,36 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Token ids the model generated."""
     generation_log_probs: list[float] = []
     """Log-probability of each generated token."""
+    logprobs_mode: str = ""
+    """What the logprobs are: ``processed_logprobs`` (the distribution sampled from, after temperature,
+    top-k/top-p/min-p and penalties), ``raw_logprobs`` (the model's, before any of them), or "" (unknown)."""
+    constrained: bool = False
+    """The call forced its output (``tool_choice`` required or named, ``text.format``): the server masked
+    the distribution with a grammar, and processed logprobs are those of the masked distribution."""
+
+
+class Trajectory(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A whole rollout as one token sequence (``Options.token_exact``): the first prompt, then each
+    turn's generated ids exactly as sampled, with the tokenized non-model content (tool results, the
+    template's turn markers) spliced in between."""
+
+    token_ids: list[int] = []
+    """Every token of the rollout so far, in order."""
+    generated: list[list[int]] = []
+    """``[start, end)`` of each turn's generated span in ``token_ids``."""
+    log_probs: list[float] = []
+    """Log-probability of each generated token, the spans concatenated in order."""
+    n_items: int = 0
+    """Conversation items covered (input items and every item produced up to the last model turn)."""
+    digest: str = ""
+    """SHA-256 of those items: a later turn whose history differs cannot be spliced (``history_changed``)."""
+
+    def loss_mask(self) -> list[int]:
+        """1 for each generated token, 0 for prompt and non-model tokens (same length as ``token_ids``)."""
+        mask = [0] * len(self.token_ids)
+        for start, end in self.generated:
+            mask[start:end] = [1] * (end - start)
+        return mask
 
 
 class Result(Msg, kw_only=True):
@@ -223,6 +258,10 @@ class Result(Msg, kw_only=True):
     """The sampling parameters actually sent to the model."""
     turns: list[Turn] = []
     """Per model call token ids and logprobs, when requested."""
+    trajectory: Trajectory | None = None
+    """The rollout as one token sequence, when ``Options.token_exact``."""
+    policy_versions: list[int] = []
+    """The policy version that served each model call (set by the trainer in the models bucket)."""
     timings: Timings = msgspec.field(default_factory=Timings)
     """Per-hop timings."""
 
@@ -269,6 +308,8 @@ class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     sampling: dict[str, Any] = {}
     turns: list[Turn] = []
+    trajectory: Trajectory | None = None
+    policy_versions: list[int] = []
     timings: Timings = msgspec.field(default_factory=Timings)
     headers: dict[str, str] = {}
     """Trace context of the rollout, propagated to every message it emits."""

@@ -331,6 +331,9 @@ class AgentContext:
         s.sampling = out.sampling
         if out.turn is not None:
             s.turns.append(out.turn)
+        if out.trajectory is not None:
+            s.trajectory = out.trajectory
+        s.policy_versions.append(out.policy_version)
         return out.items
 
 

@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
+from runtime.model import simulated_tokens
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -66,6 +67,10 @@ class SimConfig:
     """Never answer a generation request (a stuck replica)."""
     max_prompt_tokens: int = 0
     """Reject a longer prompt (in its toy tokens) with vLLM's 400 context-length error (0: no limit)."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """Which logprobs ``/v1/completions`` returns (as vLLM's ``--logprobs-mode``; see simulated_tokens)."""
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    """Sampling values applied when a completions request leaves them out (a model's generation config)."""
 
 
 THOUGHT = "Let me work through this step by step."
@@ -213,10 +218,12 @@ class Simulator:
         return f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
+        body = await request.json()
+        if "input" not in body:  # as vLLM: a body without input is rejected before anything runs
+            return JSONResponse({"error": {"message": "Field required: input", "code": 400}}, 400)
         fault = await self._fault(request)
         if fault is not None:
             return fault
-        body = await request.json()
         items = body.get("input", [])
         said = await self.decide(items, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
         think = self.config.reasoning
@@ -353,6 +360,7 @@ class Simulator:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models),
                 Route("/health", self.health),
+                *simulated_tokens.routes(self),
             ]
         )
         tracing.instrument_app(app)  # server spans continue the model call's trace, as vLLM's would

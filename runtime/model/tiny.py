@@ -62,7 +62,6 @@ TEMPLATE = (
     "{%- for m in messages %}"
     "{%- if m.role == 'user' %}{{- '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
     "{%- elif m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if m.reasoning_content %}{{- '<think>' + m.reasoning_content + '</think>' }}{%- endif %}"
     "{%- if m.content %}{{- m.content }}{%- endif %}"
     "{%- for tc in m.tool_calls or [] %}"
     "{{- '\\n<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
@@ -77,7 +76,8 @@ TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 """Hermes-style: a tool call is re-rendered with newlines around it (the model writes none), so
-per-turn prompts do not concatenate: what token-exact trajectories are for."""
+per-turn prompts do not concatenate (what token-exact trajectories are for); like many templates it
+renders no separate reasoning field, so a thought only reaches the model inside the message text."""
 
 
 def recipe_digest(kind: Kind) -> str:
@@ -180,6 +180,8 @@ def _model(kind: Kind, tokenizer: Any) -> Any:
 
 
 def _script(model: Any, tokenizer: Any) -> None:
+    import torch
+
     """Set every weight so the model follows the script (see the module docstring).
 
     Residual dimensions: 0 a constant, 1..K one per scripted token class (the rest share class 0's
@@ -254,6 +256,8 @@ def _script(model: Any, tokenizer: Any) -> None:
         head[v[nxt], dim[cur]] = MARGIN
     head[v[THOUGHTS[0]], dim["<think>"]] = MARGIN
     head[v[THOUGHTS[1]], dim["<think>"]] = MARGIN - 0.405  # 60/40
+    # Any other token: a broad, uneven distribution, so a probe of the sampling parameters sees each one.
+    head[:, dim["<other>"]] = 2.0 * torch.randn(head.shape[0], generator=torch.Generator().manual_seed(1))
     branch = {"answer": ANSWER, "tool_call": "<tool_call>", "call_1": EXPR_1, "call_2": EXPR_2}
     for unit, target in branch.items():
         head[v[target], unit_dim[unit]] = MARGIN
