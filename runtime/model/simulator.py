@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
-from runtime.model import simulated_tokens
+from runtime.model import simulated_tokens, translate
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -239,6 +239,8 @@ class Simulator:
             )
         if "tool" in said:
             name, args = said["tool"]
+            if think == "tags":  # the thought before a call is text, as the chat path writes it
+                output.append(translate.message_item(f"<think>{THOUGHT}</think>"))
             output += [
                 {
                     "type": "function_call",
