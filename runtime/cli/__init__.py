@@ -25,7 +25,7 @@ from rich.markup import escape
 from broker.connect import BrokerUnavailable
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import inspect, run, serve
+from runtime.cli import inspect, run, serve, train
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -47,6 +47,7 @@ COMMANDS = [
     (run.collect, "collect"),
     (run.submit, "submit"),
     (run.replay, "replay"),
+    (train.reverify, "reverify"),
     (serve.worker, "worker"),
     (serve.simulate, "simulate"),
     (serve.profiler, "profiler"),
