@@ -20,6 +20,7 @@ loop synchronous). Stale work waits at admission; nothing is generated and then 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import tempfile
 import time
@@ -40,8 +41,11 @@ from broker.publish import publish
 from broker.schemas import Options, Result, Start, session_id
 from runtime.model.endpoints import ModelEntry, entry_decoder, model_key
 from runtime.runs.feed import ResultsFeed
+from runtime.sdk import Environment, Function
 from runtime.trainer.profiles import TaskProfiles
 from runtime.trainer.samples import Group, Sample, task_key
+
+log = logging.getLogger("gymbus.trainer")
 
 OnFailure = Literal["retry", "mask", "drop"]
 
@@ -91,6 +95,8 @@ class TrainerClient:
         self._next_step = 0
         self._changed = asyncio.Condition()
         self._closers: list[Any] = []
+        self.harness: Any = None
+        """The embedded stack (`embedded` only): broker, workers, and the simulated policy as ``harness.sim``."""
 
     # ---- opening ---------------------------------------------------------------------------------
 
@@ -108,8 +114,8 @@ class TrainerClient:
     async def embedded(
         cls,
         *,
-        agent: str = "simple_agent",
-        env: str = "math",
+        agent: str | Function = "simple_agent",
+        env: str | Function = "math",
         answer_key: Sequence[str | Path] = (),
         simulate: dict[str, Any] | None = None,
         model_url: str | None = None,
@@ -123,7 +129,7 @@ class TrainerClient:
         from runtime.model.endpoints import register
         from runtime.testing import Harness
 
-        store = tempfile.TemporaryDirectory(prefix="gymbus-trainer-")
+        store = tempfile.TemporaryDirectory(prefix="gymbus-trainer-", ignore_cleanup_errors=True)
         h = await Harness(Path(store.name) / "broker").__aenter__()
         try:
             if model_url:
@@ -136,7 +142,11 @@ class TrainerClient:
             await h.__aexit__(None, None, None)
             store.cleanup()
             raise
-        client = cls(h.js, agent=agent, env=env, **settings)
+        agent_name = agent if isinstance(agent, str) else agent.name
+        env_name = env if isinstance(env, str) else env.name
+        if not isinstance(env, str) and "tools" not in settings:
+            settings["tools"] = env.tool_specs() if isinstance(env, Environment) else []
+        client = cls(h.js, agent=agent_name, env=env_name, **settings)
         client.harness = h
         client._closers += [lambda: h.__aexit__(None, None, None), _sync(store.cleanup)]
         await client._read_version()
@@ -189,6 +199,9 @@ class TrainerClient:
         step = self._next_step if step is None else step
         self._next_step = max(self._next_step, step + 1)
         async with self._changed:
+            if self.version < step - self.max_staleness:
+                need = step - self.max_staleness
+                log.info("batch of step %d waits for policy version %d (now %d)", step, need, self.version)
             await self._changed.wait_for(lambda: self.version >= step - self.max_staleness)
         batch = Batch(self, f"{self.run_prefix}-{step}", step, list(rows), group_size, admitted_at=self.version)
         await batch.start()
@@ -341,7 +354,7 @@ class Batch:
 def _env_tools(env: str) -> list[dict[str, Any]]:
     """The environment's tool specs when it can be loaded here (offered to the model when a task lists
     none, as `gymbus collect` does); none otherwise."""
-    from runtime.sdk import Environment, load
+    from runtime.sdk import load
 
     try:
         fn = load(env)

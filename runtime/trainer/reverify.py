@@ -123,7 +123,8 @@ async def _score(env: Environment, row: dict[str, Any], old: Result, target: str
         reward = float(reward) if isinstance(reward, bool) else reward
         if not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise ValueError(f"returned reward {reward!r}, not a finite number")
-        scored: dict[str, Any] = {"reward": float(reward), "verifier": info, "failure_kind": None, "failure_reason": None}
+        scored: dict[str, Any] = {"reward": float(reward), "verifier": info}
+        scored.update(failure_kind=None, failure_reason=None)
         return msgspec.structs.replace(base, **scored)
     except Exception as exc:  # a verifier that raises is a failure, never a reward
         reason = f"verifier of {env.name!r} raised {type(exc).__name__}: {exc}"
