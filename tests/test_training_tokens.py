@@ -138,3 +138,17 @@ async def test_responses_is_probed_once_per_replica(harness: Harness, math_rows:
         results = await harness.results("probe", 32, timeout=60)
     assert len(results) == 32 and all(r.reward == 1.0 for r in results)
     assert len(asked) == 1 and msgspec.json.decode(asked[0]) == {}
+
+
+async def test_a_run_warns_about_a_server_that_overrides_sampling(caplog: Any) -> None:
+    """Checking a run's model endpoint (gymbus collect/submit with model.base_url) names each parameter
+    the server would override, and records it with the logprobs mode in the run's metadata."""
+    from runtime.runs.models import check_endpoints
+
+    sim = Simulator(load_answer_key([MATH_TASKS]), SimConfig(generation_defaults={"repetition_penalty": 1.1}))
+    with InThread(sim.app()) as server:
+        url = f"{server.url}/v1"
+        checked = await check_endpoints([url], "policy")
+    assert checked["sampling_overridden"] == {url: ["repetition_penalty"]}
+    assert checked["logprobs_mode"] == {url: "processed_logprobs"}
+    assert any("overrides repetition_penalty" in r.getMessage() for r in caplog.records)
