@@ -227,3 +227,23 @@ async def test_grpo_example_on_the_tiny_model(vllm: Any) -> None:
     for s in steps:
         assert s["samples"] == 4 and s["mean_reward"] == 1.0 and s["token_exact"] and s["trained_tokens"] > 0
     FIGURES["grpo_example"] = steps
+
+
+def test_tiny_models_are_built_once_per_recipe(tmp_path: Path) -> None:
+    """Both tiny models build here (no hub) into a folder named by their recipe, reused as it is; the
+    random one loads and generates, and shares the scripted one's tokenizer and template."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    random_dir = tiny.build("random", tmp_path)
+    stamp = (random_dir / "model.safetensors").stat().st_mtime_ns
+    assert tiny.build("random", tmp_path) == random_dir  # reused, not rebuilt
+    assert (random_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    assert random_dir.name == f"random-{tiny.recipe_digest('random')}"
+    tok = AutoTokenizer.from_pretrained(random_dir)
+    model = AutoModelForCausalLM.from_pretrained(random_dir, dtype=torch.float32)
+    ids = tok.apply_chat_template([{"role": "user", "content": tiny.PROMPT}], add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    assert out.shape[1] == len(ids) + 8 and tok.chat_template == tiny.TEMPLATE
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
