@@ -48,10 +48,6 @@ def function_of(consumer: str) -> str:
     return consumer.split("-", 1)[1] if "-" in consumer else consumer
 
 
-def role_of(consumer: str) -> str:
-    return consumer.split("-", 1)[0]
-
-
 async def ensure_consumer(js: JetStreamContext) -> str:
     await js.add_consumer(topology.ADVISORY_STREAM, config=consumer_config())
     return JANITOR

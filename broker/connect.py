@@ -35,58 +35,68 @@ def connect_timeout() -> float:
 
 async def connect(url: str, *, name: str = "gymbus", connect_timeout_s: float | None = None) -> Client:
     """Connect, retrying the first connection for ``connect_timeout_s``, then reconnect forever."""
-
-    connected = False
-    errors: list[BaseException] = []
-
-    async def on_error(exc: Exception) -> None:
-        if not connected:  # before the first connection, failures are reported once, by BrokerUnavailable
-            errors.append(exc)
-        log.log(logging.WARNING if connected else logging.DEBUG, "nats %s: %s", name, exc)
-
-    async def on_disconnect() -> None:
-        if not nc.is_closed and not nc.is_draining:
-            log.warning("nats %s: disconnected from %s", name, url)
-
-    async def on_reconnect() -> None:
-        log.info("nats %s: reconnected", name)
-
     timeout = connect_timeout() if connect_timeout_s is None else connect_timeout_s
-    creds = os.environ.get("NATS_CREDS") or None
+    link = _Link(name, url)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        nc = Client()
         try:
-            await nc.connect(
-                url,
-                name=name,
-                # two tries per round until connected (nats-py loops forever on -1 or 0, even before the
-                # first connection); once connected, reconnect forever
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.5,
-                ping_interval=5,
-                max_outstanding_pings=3,
-                connect_timeout=max(0.5, min(5.0, deadline - loop.time())),
-                error_cb=on_error,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
-                user_credentials=creds,
-                pending_size=64 * 1024 * 1024,
-            )
+            nc = await link.open(max(1, int(min(5.0, deadline - loop.time()))))
         except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
-            errors.append(exc)
+            link.errors.append(exc)
             if loop.time() >= deadline:
                 break
             await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
             continue
-        nc.options["max_reconnect_attempts"] = -1
-        connected = True
+        nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
+        link.connected = True
         return nc
     raise BrokerUnavailable(
-        f"no NATS broker answers at {url} ({_reason(errors)}) after {timeout:g} s: start one, or check --nats / "
+        f"no NATS broker answers at {url} ({_reason(link.errors)}) after {timeout:g} s: start one, or check --nats / "
         f"{DEFAULT_URL_ENV}"
     )
+
+
+class _Link:
+    """One process's connection attempts to a broker, and the callbacks that report on them."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name, self.url = name, url
+        self.connected = False
+        self.errors: list[BaseException] = []
+        self.nc: Client | None = None
+
+    async def open(self, connect_timeout: int) -> Client:
+        self.nc = nc = Client()
+        await nc.connect(
+            self.url,
+            name=self.name,
+            # two tries per round until connected: nats-py loops forever on -1 or 0, even before the first
+            # connection (`connect` turns it to -1 once connected)
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]  # annotated int; it sleeps that many seconds
+            ping_interval=5,
+            max_outstanding_pings=3,
+            pending_size=64 * 2**20,  # publishes buffered while reconnecting
+            connect_timeout=connect_timeout,
+            error_cb=self.on_error,
+            disconnected_cb=self.on_disconnect,
+            reconnected_cb=self.on_reconnect,
+            user_credentials=os.environ.get("NATS_CREDS") or None,
+        )
+        return nc
+
+    async def on_error(self, exc: Exception) -> None:
+        if not self.connected:  # before the first connection, failures are reported once, by BrokerUnavailable
+            self.errors.append(exc)
+        log.log(logging.WARNING if self.connected else logging.DEBUG, "nats %s: %s", self.name, exc)
+
+    async def on_disconnect(self) -> None:
+        if self.nc is not None and not self.nc.is_closed and not self.nc.is_draining:
+            log.warning("nats %s: disconnected from %s", self.name, self.url)
+
+    async def on_reconnect(self) -> None:
+        log.info("nats %s: reconnected", self.name)
 
 
 def _reason(errors: list[BaseException]) -> str:

@@ -8,21 +8,16 @@ its lag (KEDA's ``nats-jetstream`` scaler reads the consumer's pending count).
 
 from __future__ import annotations
 
-import re
-
 from nats.js import JetStreamContext
 
-from broker import topology
+from broker import names, topology
 from broker.topology import Limits, Role
-
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def roles(agents: list[str], envs: list[str]) -> list[tuple[Role, str]]:
     """The (role, function) consumers that the named agents and environments are served through."""
-    bad = [n for n in [*agents, *envs] if not _NAME.match(n)]
-    if bad:
-        raise ValueError(f"function name {bad[0]!r} must be 1-64 letters, digits, '-' or '_'")
+    for name in [*agents, *envs]:
+        names.check("function name", name)
     out: list[tuple[Role, str]] = [("agent", a) for a in agents]
     for env in envs:
         out += [("tool", env), ("verify", env)]

@@ -21,7 +21,7 @@ Name = Annotated[str, Meta(pattern=names.PATTERN, description=f"A function name 
 Index = Annotated[int, Meta(ge=0)]
 SessionId = Annotated[
     str,
-    Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
+    Meta(pattern=rf"{names.PATTERN[:-1]}\.[0-9]+\.[0-9]+$", description="<run_id>.<task_index>.<rollout_index>"),
 ]
 
 FailureKind = Literal[
@@ -30,6 +30,7 @@ FailureKind = Literal[
     "context_length",  # the conversation no longer fits the model's context
     "tool_error",  # an environment tool raised past its retry budget
     "verifier_error",  # the verifier raised past its retry budget
+    "judge_error",  # a judge model's verdict was not in the form the environment expects
     "timeout",  # the rollout or one of its steps ran past its deadline
     "worker_lost",  # a message spent its delivery budget without an answer (workers died)
     "cancelled",  # the user cancelled the rollout
@@ -70,7 +71,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     the rollout with ``invalid_input`` naming the call."""
 
 
-class Start(Msg, kw_only=True):
+class Start(Msg, frozen=True, kw_only=True):
     """Begin a rollout: one repeat of one task. Published to ``gym.agent.<agent>``."""
 
     run_id: RunId
@@ -95,7 +96,7 @@ class Start(Msg, kw_only=True):
     """Limits and model options for this rollout."""
 
 
-class Resume(Msg, kw_only=True):
+class Resume(Msg, frozen=True, kw_only=True):
     """Tool outputs of the previous turn are committed: run the agent turn at ``step``."""
 
     session_id: SessionId
@@ -115,7 +116,7 @@ class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
     """Arguments as the model wrote them: a JSON string, not yet validated."""
 
 
-class Seed(Msg, kw_only=True):
+class Seed(Msg, frozen=True, kw_only=True):
     """Let the environment set up a new session's state before the first agent turn."""
 
     session_id: SessionId
@@ -124,7 +125,7 @@ class Seed(Msg, kw_only=True):
     """The session's step counter this message applies to."""
 
 
-class Tools(Msg, kw_only=True):
+class Tools(Msg, frozen=True, kw_only=True):
     """Run all function calls of one agent turn, in order, and commit their outputs together."""
 
     session_id: SessionId
@@ -135,7 +136,7 @@ class Tools(Msg, kw_only=True):
     """The calls, in the order the model made them."""
 
 
-class Verify(Msg, kw_only=True):
+class Verify(Msg, frozen=True, kw_only=True):
     """The rollout is finished: score the final answer and publish the Result."""
 
     session_id: SessionId
@@ -223,7 +224,7 @@ class Trajectory(msgspec.Struct, kw_only=True, omit_defaults=True):
         return mask
 
 
-class Result(Msg, kw_only=True):
+class Result(Msg, frozen=True, kw_only=True):
     """One finished rollout: a reward, or a failure with its kind. Published to ``gym.result.<run_id>``."""
 
     session_id: str

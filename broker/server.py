@@ -121,7 +121,7 @@ class EmbeddedServer:
         sync: str | None = None,
     ) -> None:
         self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="gymbus-nats-")
-        self.store_dir = Path(store_dir or self._tmp.name)  # type: ignore[union-attr]
+        self.store_dir = Path(store_dir) if store_dir else Path(self._tmp.name if self._tmp else "")
         self.port = port
         self.http_port = http_port
         self.sync = sync_setting(sync, sync_always=sync_always)

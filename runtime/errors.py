@@ -6,6 +6,7 @@
     ├── ContextLength    context_length   the conversation no longer fits the model's context
     ├── ToolError        tool_error       an environment tool raised
     ├── VerifierError    verifier_error   the verifier raised
+    ├── JudgeError       judge_error      a judge model's verdict was not in the expected form
     ├── Timeout          timeout          a step ran past its deadline
     │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
     ├── Cancelled        cancelled        the user cancelled the rollout
@@ -72,6 +73,13 @@ class VerifierError(GymError):
     """The verifier raised."""
 
     kind = "verifier_error"
+
+
+class JudgeError(GymError):
+    """A judge model answered, but not with a verdict in the form the environment expects: the
+    rollout has no reward (a verdict nobody could read is not a wrong answer)."""
+
+    kind = "judge_error"
 
 
 class Timeout(GymError):

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from broker.schemas import Result, Timings, Usage
+from broker.schemas import FailureKind, Result, Timings, Usage, parse_session_id
 
 
 def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
@@ -16,6 +16,8 @@ def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
         {
             "task_index": r.task_index,
             "rollout_index": r.rollout_index,
+            "env": r.env or row.get("env", ""),
+            "agent": r.agent or row.get("agent", ""),
             "session_id": r.session_id,
             "attempt": r.attempt,
             "response": {"output": r.output, "usage": msgspec.to_builtins(r.usage)},
@@ -44,8 +46,10 @@ class _Row(msgspec.Struct, kw_only=True):
     task_index: int
     rollout_index: int
     attempt: int = 0
+    env: Any = ""
+    agent: Any = ""
     reward: float | None = None
-    failure_kind: str | None = None
+    failure_kind: FailureKind | None = None
     failure_reason: str | None = None
     verifier: dict[str, Any] = {}
     timings: dict[str, Any] = {}
@@ -59,16 +63,20 @@ def result_from_row(row: dict[str, Any]) -> Result:
     r = msgspec.convert(row, _Row)
     if r.reward is None and r.failure_kind is None:
         raise msgspec.ValidationError("a row with `reward` null must have a `failure_kind`")
-    if r.session_id.count(".") < 2:
-        raise msgspec.ValidationError(f"`session_id` {r.session_id!r} is not <run_id>.<task>.<rollout>")
+    try:
+        parse_session_id(r.session_id)
+    except ValueError:
+        raise msgspec.ValidationError(f"`session_id` {r.session_id!r} is not <run_id>.<task>.<rollout>") from None
     return Result(
         session_id=r.session_id,
-        run_id=r.session_id.rsplit(".", 2)[0],
+        run_id=parse_session_id(r.session_id)[0],
         task_index=r.task_index,
         rollout_index=r.rollout_index,
         attempt=r.attempt,
+        env=r.env if isinstance(r.env, str) else "",
+        agent=r.agent if isinstance(r.agent, str) else "",
         reward=r.reward,
-        failure_kind=r.failure_kind,  # type: ignore[arg-type]
+        failure_kind=r.failure_kind,
         failure_reason=r.failure_reason,
         verifier=r.verifier,
         output=r.response.get("output") or [],

@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, get_type_hints, overload
 
 import jsonschema
 import msgspec
@@ -22,6 +22,10 @@ import msgspec
 from broker.schemas import FunctionCall, Options, Session, Usage
 from runtime.errors import InvalidInput, Retry, ToolError, VerifierError
 from runtime.items import function_calls, message_text
+from runtime.judges import Model
+from runtime.offload import offload
+from runtime.reference import Call, Reference, call
+from runtime.taskrows import STEP_REWARDS, convert_meta
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelOutput
@@ -29,11 +33,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Agent",
     "AgentContext",
+    "Call",
     "CallTools",
     "Context",
     "Environment",
     "Finish",
     "InvalidInput",
+    "Model",
+    "Reference",
     "Retry",
     "Rollout",
     "SessionView",
@@ -42,8 +49,10 @@ __all__ = [
     "ToolError",
     "Verdict",
     "VerifierError",
+    "call",
     "function_calls",
     "load",
+    "offload",
     "tool",
 ]
 
@@ -71,6 +80,10 @@ class Context(Generic[M]):
     session_id: str
     task: Task[M]
     state: dict[str, Any]
+
+    def step_reward(self, value: float) -> None:
+        """Record this step's reward (a game's per-move feedback); the Result reports them in order."""
+        self.state.setdefault(STEP_REWARDS, []).append(float(value))
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,14 @@ class Tool:
         return await (self.fn(ctx, **args) if self.wants_context else self.fn(**args))
 
 
+@overload
+def tool(fn: ToolFn, *, name: str | None = None, context: bool = False) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None, context: bool = False) -> Callable[[ToolFn], Tool]: ...
+
+
 def tool(
     fn: ToolFn | None = None, *, name: str | None = None, context: bool = False
 ) -> Tool | Callable[[ToolFn], Tool]:
@@ -187,6 +208,7 @@ def _schema(name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any
 
 VerifyFn = Callable[[Task[Any], Rollout], Awaitable["float | Verdict"]]
 SeedFn = Callable[[Context[Any]], Awaitable[None]]
+ReferenceFn = Callable[[Task[Any]], Reference]
 
 
 @dataclass
@@ -199,32 +221,41 @@ class Environment:
     seed: SeedFn | None = None
     meta: type | None = None
     """A msgspec Struct for the task's verifier fields; validated (naming the field) before use."""
+    reference: ReferenceFn | None = None
+    """A perfect and a plausibly wrong answer to a task: the simulated policy plays it, ``gymbus check`` proves it."""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """The lowest and highest reward the verifier gives (``gymbus check`` expects both)."""
+    accepts: Sequence[str] = ()
+    """NeMo Gym resources servers whose rows it takes: a row's ``agent_ref`` naming one routes here."""
+    agent: str = "simple_agent"
+    """The agent of rows routed here that name none."""
+    models: Sequence[Model] = ()
+    """Named models it calls (judges); a local run with the simulated policy has it serve them too."""
 
     def __post_init__(self) -> None:
-        self.tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
-        names = [t.name for t in self.tools]
+        tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
+        names = [t.name for t in tools]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise ValueError(f"environment {self.name!r} declares tool(s) {sorted(dupes)} more than once")
-        self.by_name: dict[str, Tool] = {t.name: t for t in self.tools}
+        self.tools = tools
+        self.by_name: dict[str, Tool] = {t.name: t for t in tools}
 
     def tool_specs(self) -> list[dict[str, Any]]:
         return [t.spec() for t in self.by_name.values()]
 
     def task(self, session: Session) -> Task[Any]:
-        meta: Any = session.meta
-        if self.meta is not None:
-            try:
-                meta = msgspec.convert(session.meta, self.meta)
-            except msgspec.ValidationError as exc:
-                raise InvalidInput(f"task field {str(exc).replace('`$', '`$.meta', 1)}") from exc
         return Task(
             index=session.task_index,
             rollout_index=session.rollout_index,
-            meta=meta,
+            meta=self.check_meta(session.meta),
             params=session.params,
             input=session.items[: session.n_input],
         )
+
+    def check_meta(self, meta: Mapping[str, Any]) -> Any:
+        """The task's verifier fields as ``meta`` declares them; InvalidInput names the field and this environment."""
+        return convert_meta(self.name, self.meta, meta)
 
 
 @dataclass(frozen=True)
@@ -242,13 +273,10 @@ class Finish:
 Action = CallTools | Finish
 
 
-class Respond:
+class Respond(Protocol):
     """Calls the policy model for one session; provided by the runtime (see ``runtime.model.client``)."""
 
-    async def __call__(
-        self, items: list[dict[str, Any]], params: dict[str, Any], session: Session
-    ) -> ModelOutput:  # pragma: no cover - protocol
-        raise NotImplementedError
+    async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput: ...
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from runtime.engine import audit
 from runtime.engine.deadletters import letters, replay
 from runtime.model.client import register
 from runtime.runs.stack import Process, gymbus_command
-from runtime.testing import Harness, task_rows
+from runtime.testing import Harness, start_message, task_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH_TASKS = ROOT / "functions" / "math" / "data" / "example.jsonl"
@@ -153,7 +153,13 @@ def worker_env(limits: topology.Limits, **extra: str) -> dict[str, str]:
 
 
 def starts(
-    run_id: str, n: int, *, env: str = "math", faults: dict[int, str] | None = None, **options: Any
+    run_id: str,
+    n: int,
+    *,
+    agent: str = "simple_agent",
+    env: str = "math",
+    faults: dict[int, str] | None = None,
+    **options: Any,
 ) -> list[Start]:
     """``n`` rollouts over the math examples (task i uses row i mod 24, repeat i div 24), with tools."""
     rows = task_rows(MATH_TASKS)
@@ -167,7 +173,8 @@ def starts(
         if faults and i in faults:
             meta["fault"] = faults[i]
         params = {**row["responses_create_params"], "tools": tools}
-        start = Harness.start({**meta, "responses_create_params": params}, run_id=run_id, env=env, **options)
+        row = {**meta, "responses_create_params": params}
+        start = start_message(row, agent=agent, env=env, run_id=run_id, **options)
         out.append(_with(start, task_index=i, rollout_index=i // len(rows)))
     return out
 
@@ -217,16 +224,16 @@ async def wait_results(h: Harness, run_id: str, n: int, timeout: float, tick: An
 
 
 async def settle_and_audit(
-    h: Harness, run_id: str, expected: set[str], expected_dead: set[str] | None = None, timeout: float = 15.0
+    h: Harness, run_id: str, expected: set[str], expected_dead: set[str] | None = None, timeout: float = 60.0
 ) -> audit.Audit:
-    """Audit once late acks and duplicates had time to land (re-read until no work is left)."""
-    await asyncio.sleep(1.0)
-    deadline = time.monotonic() + timeout
-    while True:
-        a = await audit.audit(h.js, run_id, expected, expected_dead)
-        if (not a.left and not a.lost) or time.monotonic() > deadline:
-            return a
-        await asyncio.sleep(0.5)
+    """Audit once nothing is in flight (`Harness.settled`: every message acknowledged, terminated or
+    dead-lettered), so every Result that will ever come, a late duplicate included, is counted. If the
+    work never settles, the audit is taken anyway: it names the work left behind."""
+    try:
+        await h.settled(timeout)
+    except TimeoutError as exc:
+        print(f"{run_id}: {exc}")
+    return await audit.audit(h.js, run_id, expected, expected_dead)
 
 
 async def rewards(h: Harness, run_id: str) -> dict[tuple[int, int], float | None]:
@@ -301,7 +308,7 @@ async def broker_restart(h: Harness, n: int, log_dir: Path, *, at: tuple[float, 
         for frac in at:
             await wait_results(h, "restart", int(n * frac), timeout=120 + n / 4)
             await asyncio.to_thread(h.broker.kill)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the fault: the broker stays down a second (not a wait for anything)
             await asyncio.to_thread(h.broker.start)
             restarts += 1
         await wait_results(h, "restart", n, timeout=120 + n / 4, tick=_async(fleet.revive))
@@ -404,7 +411,7 @@ async def pause(h: Harness, n: int, log_dir: Path) -> Figures:
         await submit(h, batch)
         await wait_results(h, "pause", n // 3, timeout=120)
         h.broker.pause()
-        await asyncio.sleep(2.5 * h.limits.ack_wait_s)
+        await asyncio.sleep(2.5 * h.limits.ack_wait_s)  # the fault's length: past the ack wait (not a wait)
         h.broker.resume()
         await wait_results(h, "pause", n, timeout=120 + n / 4)
         wall = time.monotonic() - t0
@@ -433,12 +440,12 @@ async def network(h: Harness, n: int) -> Figures:
         await submit(h, batch)
         await wait_results(h, "network", n // 4, timeout=120)
         proxy.set("blackhole")
-        await asyncio.sleep(5.0)
+        await asyncio.sleep(2.5 * h.limits.ack_wait_s)  # the fault's length: past the ack wait (not a wait)
         proxy.set("pass")
         proxy.reset()
         await wait_results(h, "network", n // 2, timeout=120)
         proxy.set("delay", 0.05)
-        await asyncio.sleep(5.0)
+        through_delay = await wait_results(h, "network", 3 * n // 4, timeout=120)  # rollouts complete through it
         proxy.set("pass")
         await wait_results(h, "network", n, timeout=120 + n / 4)
         wall = time.monotonic() - t0
@@ -450,6 +457,8 @@ async def network(h: Harness, n: int) -> Figures:
     f.notes["redelivered"] = agent.stats["redelivered"] + env.stats["redelivered"]
     if proxy.connections <= 2:
         f.problems.append("the clients never reconnected after the reset")
+    if through_delay < 3 * n // 4:
+        f.problems.append(f"only {through_delay} of {3 * n // 4} results while the network was slow")
     return f
 
 
@@ -464,6 +473,13 @@ async def slow_handler(h: Harness, n: int, *, heartbeat: bool, replicas: int = 1
     envs = [await h.worker(FAULTS_ENV, heartbeat=heartbeat) for _ in range(replicas)]
     run = f"slow-{'beat' if heartbeat else 'nobeat'}"
     batch = starts(run, n, env="faults", faults=dict.fromkeys(range(n), "slow"))
+    beats = [0]
+
+    async def seen(m: Any) -> None:  # every ack a client sends goes to a $JS.ACK subject
+        beats[0] += m.data == b"+WPI"
+
+    assert h.nc is not None
+    watch = await h.nc.subscribe("$JS.ACK.>", cb=seen)
     t0 = time.monotonic()
     try:
         await submit(h, batch)
@@ -472,9 +488,10 @@ async def slow_handler(h: Harness, n: int, *, heartbeat: bool, replicas: int = 1
         a = await settle_and_audit(h, run, sids(batch), set())
     finally:
         await h.stop_workers()
+        await watch.unsubscribe()
     redelivered = sum(w.stats["redelivered"] for w in envs)
     name = "slow handler, in-progress acks (R5)" if heartbeat else "slow handler, no in-progress acks (R5/R6)"
-    return Figures.of(name, a, wall, redelivered=redelivered)
+    return Figures.of(name, a, wall, redelivered=redelivered, in_progress_acks=beats[0])
 
 
 async def backlog(h: Harness, n: int, log_dir: Path) -> Figures:

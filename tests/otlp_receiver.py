@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from runtime.model.simulator import InThread
+from runtime.model.serving import InThread
 
 
 @dataclass(frozen=True)

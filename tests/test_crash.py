@@ -36,7 +36,7 @@ async def test_sigkilled_workers_lose_no_rollout(harness: Harness, math_rows: li
     for i in range(n):
         row = math_rows[i % len(math_rows)]
         row = {**row, "responses_create_params": {**row["responses_create_params"], "tools": tools}}
-        await harness.submit(harness.start(row, run_id="crash", task_index=i))
+        await harness.submit(harness.start(row, agent="simple_agent", env="math", run_id="crash", task_index=i))
 
     in_flight_at_kill = []
     for victim, role in (("simple_agent", "agent"), ("math", "tool"), ("simple_agent", "agent")):
@@ -46,11 +46,11 @@ async def test_sigkilled_workers_lose_no_rollout(harness: Harness, math_rows: li
         workers[victim] = spawn(victim, harness.broker.url)
 
     results = await harness.results("crash", n, timeout=90)
+    await harness.settled(timeout=60)  # every redelivery handled: no Result can still come
     for proc in workers.values():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
 
-    await asyncio.sleep(1.0)  # a duplicate would have landed by now
     stored = await harness.read(topology.result_subject("crash"))
     assert len(stored) == n == len({r.session_id for r in stored}), "every rollout exactly once"
     assert all(r.reward == 1.0 for r in stored), [r.failure_reason for r in stored if r.reward != 1.0]

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from broker.schemas import Session
 from broker.server import SYNC_ENV, BrokerError, EmbeddedServer, render_config, sync_setting
 from broker.sessions import SessionStore, StateConflict
 from conftest import ROOT
-from runtime.testing import Harness
+from runtime.testing import Harness, wait_until
 from tests.faultproxy import FaultProxy
 
 
@@ -97,9 +98,12 @@ async def test_a_cas_write_whose_ack_was_lost_is_not_taken_for_a_conflict(harnes
         s = _session("cas.0.0")
         rev = await store.create(s)
         s.step = 1
+        key = f"$KV.{topology.SESSIONS}.cas.0.0"
+        proxy.watch(key)
         proxy.set("mute")  # requests reach the broker, answers are held
         write = asyncio.create_task(store.update(s, last=rev))
-        await asyncio.sleep(PUBLISH_TIMEOUT_S + 0.5)  # the first attempt timed out, yet it was stored
+        # the first attempt timed out (after PUBLISH_TIMEOUT_S) and its retry went out, yet it was stored
+        await wait_until(_sent_twice(proxy, key), f"a retried write to {key}", timeout=PUBLISH_TIMEOUT_S + 30)
         stored = await harness.store.get("cas.0.0")
         assert stored is not None and stored[0].step == 1
         proxy.set("pass")
@@ -109,6 +113,13 @@ async def test_a_cas_write_whose_ack_was_lost_is_not_taken_for_a_conflict(harnes
     finally:
         await nc.close()
         await proxy.stop()
+
+
+def _sent_twice(proxy: FaultProxy, subject: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return proxy.published(subject) >= 2
+
+    return check
 
 
 def _session(sid: str) -> Session:
@@ -131,9 +142,11 @@ async def test_a_timed_out_publish_is_retried_with_the_same_message_id(harness: 
     proxy = await FaultProxy(harness.broker.port).start()
     nc = await connect(proxy.url)
     try:
+        proxy.watch("gym.result.once")
         proxy.set("mute")
         sent = asyncio.create_task(publish_raw(nc.jetstream(), "gym.result.once", b"{}", {"Nats-Msg-Id": "once:1"}))
-        await asyncio.sleep(PUBLISH_TIMEOUT_S + 0.5)
+        # the first attempt timed out (after PUBLISH_TIMEOUT_S): its retry went out
+        await wait_until(_sent_twice(proxy, "gym.result.once"), "a retried publish", timeout=PUBLISH_TIMEOUT_S + 30)
         proxy.set("pass")
         ack = await asyncio.wait_for(sent, 30)
     finally:

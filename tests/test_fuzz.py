@@ -3,7 +3,6 @@ or as a Result for the rollout it names; nothing is left in the work stream."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
@@ -76,7 +75,7 @@ async def test_fuzzed_messages_end_as_dead_letters_or_results(
         ack = await publish_raw(harness.js, subject, payload, {"Nats-Msg-Id": f"fuzz-{i}"})
         sent.append((ack.seq, payload))
 
-    await _drained(harness, timeout=90)
+    await harness.settled(timeout=90)  # every message acked, terminated or dead-lettered; no handler running
     assert all(not t.done() for _, t in harness._workers), "a worker stopped"
     dead = {json.loads(m.data)["stream_seq"] async for m in inspect.messages(harness.js, topology.DEAD_STREAM)}
     a = await audit.audit(harness.js, "fuzz", set())
@@ -92,17 +91,6 @@ async def test_fuzzed_messages_end_as_dead_letters_or_results(
 def _named_result(payload: bytes, resulted: set[str]) -> bool:
     ids = lenient_ids(payload)
     return ids is not None and ids[0] in resulted
-
-
-async def _drained(h: Harness, timeout: float) -> None:
-    """Until the work stream is empty (every message acked, termed or moved) and stays so for a moment."""
-    loop = asyncio.get_running_loop()
-    deadline, quiet = loop.time() + timeout, 0
-    while loop.time() < deadline and quiet < 3:
-        info = await h.js.stream_info(topology.WORK_STREAM)
-        quiet = quiet + 1 if info.state.messages == 0 else 0
-        await asyncio.sleep(0.5)
-    assert quiet >= 3, f"{info.state.messages} message(s) still in the work stream"
 
 
 async def _results_of(h: Harness, sids: set[str]) -> list[object]:

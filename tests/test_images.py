@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from runtime.model.simulator import InThread
+from runtime.model.serving import InThread
 from runtime.sdk import load
 from tests.compose_local import free_port
 from tests.compose_spec import ROOT, Image, image_of

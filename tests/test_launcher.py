@@ -72,6 +72,7 @@ async def health(url: str) -> dict | None:
         return None
 
 
+@pytest.mark.slow  # Ray's start-up is most of its ~40 s
 async def test_model_serve_on_ray(harness: Harness, tmp_path: Path) -> None:
     """2 replicas as Ray actors get registered; a running collect is served by both through the models
     bucket; a replica whose server dies is removed, restarted and registered again on its new URL;

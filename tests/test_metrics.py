@@ -72,7 +72,7 @@ async def test_healthz_and_metrics_during_a_run(tmp_path: Path, math_rows: list[
             for i in range(3):
                 row = math_rows[i]
                 row = {**row, "responses_create_params": {**row["responses_create_params"], "tools": tools}}
-                await h.submit(h.start(row, run_id="m1", task_index=i))
+                await h.submit(h.start(row, env="math", run_id="m1", task_index=i))  # math: a process
             results = await h.results("m1", 3)
             assert all(r.reward == 1.0 for r in results)
             await h.submit(b"not a message", subject="gym.tool.math")  # rejected: a failure of kind invalid_input

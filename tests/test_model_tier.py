@@ -18,7 +18,8 @@ import pytest
 from conftest import MATH_TASKS
 from runtime.model.client import register
 from runtime.model.sampling import NEUTRAL
-from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.model.serving import InThread
+from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.runs.stack import Process, gymbus_command
 from runtime.testing import Harness
 

@@ -8,7 +8,7 @@ from broker import topology
 from broker.schemas import Tools, encoder, tool_decoder
 from conftest import MATH_TASKS
 from runtime.model.sampling import NEUTRAL
-from runtime.testing import Harness
+from runtime.testing import Harness, wait_until
 
 
 async def test_full_rollout_with_tool_call(harness: Harness, math_rows: list[dict]) -> None:
@@ -93,12 +93,9 @@ async def test_redelivered_tools_message_commits_one_step(harness: Harness, math
         "responses_create_params": {**math_rows[0]["responses_create_params"], "tools": [harness_tool_spec()]},
     }
     agent = await harness.worker("simple_agent")
-    await harness.submit(harness.start(row, run_id="r4"))
+    await harness.submit(harness.start(row, env="math", run_id="r4"))  # no environment worker yet
     tool_subject = topology.tool_subject("math")
-    for _ in range(200):
-        if await harness.pending(tool_subject):
-            break
-        await __import__("asyncio").sleep(0.05)
+    await wait_until(lambda: harness.pending(tool_subject), f"the agent's Tools message on {tool_subject}")
     await harness.stop_workers()
     del agent
     [raw] = await harness.read(tool_subject, stream=topology.WORK_STREAM)
@@ -110,10 +107,11 @@ async def test_redelivered_tools_message_commits_one_step(harness: Harness, math
 
     await harness.worker("math")
     agent_subject = topology.agent_subject("simple_agent")
-    for _ in range(200):
-        if await harness.pending(tool_subject) == 0:
-            break
-        await __import__("asyncio").sleep(0.05)
+
+    async def both_acked() -> bool:  # work-queue retention: a message leaves the stream when acked
+        return await harness.pending(tool_subject) == 0
+
+    await wait_until(both_acked, f"both copies on {tool_subject} to be handled and acknowledged")
     await harness.stop_workers()
     resumes = await harness.read(agent_subject, stream=topology.WORK_STREAM)
     assert len(resumes) == 1
@@ -132,9 +130,9 @@ async def test_duplicate_starts_yield_one_result(harness: Harness, math_rows: li
     await harness.submit(start)
     await harness.submit(start)  # same Nats-Msg-Id: dropped by the stream
     await harness.submit(start, msg_id="another-id")  # a different id: stale when it arrives
-    results = await harness.results("r5", 1)
-    await __import__("asyncio").sleep(1.0)
-    assert len(await harness.read(topology.result_subject("r5"))) == 1
+    await harness.results("r5", 1)
+    results = await harness.final_results("r5")  # all three Starts handled and acknowledged
+    assert len(results) == 1
     assert results[0].reward == 1.0
 
 

@@ -17,11 +17,14 @@ def test_the_public_surface_is_declared_once_and_sorted() -> None:
     assert sdk.__all__ == [
         "Agent",
         "AgentContext",
+        "Call",
         "CallTools",
         "Context",
         "Environment",
         "Finish",
         "InvalidInput",
+        "Model",
+        "Reference",
         "Retry",
         "Rollout",
         "SessionView",
@@ -30,8 +33,10 @@ def test_the_public_surface_is_declared_once_and_sorted() -> None:
         "ToolError",
         "Verdict",
         "VerifierError",
+        "call",
         "function_calls",
         "load",
+        "offload",
         "tool",
     ]
     assert all(hasattr(sdk, name) for name in sdk.__all__)
@@ -72,7 +77,10 @@ def session() -> Session:
 
 
 def test_an_agent_sees_a_read_only_view_of_its_session() -> None:
-    ctx = sdk.AgentContext(session(), sdk.Respond())
+    async def respond(items: list, params: dict, s: Session) -> object:  # type: ignore[type-arg]
+        raise AssertionError("not called")
+
+    ctx = sdk.AgentContext(session(), respond)  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.session.run_id = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):

@@ -69,4 +69,4 @@ async def test_init_provisions_consumers_before_any_worker(harness: Harness) -> 
 async def test_init_rejects_a_bad_function_name(harness: Harness) -> None:
     args = ["init", "--nats", harness.broker.url, "--agent", "my agent"]
     result = await asyncio.to_thread(CliRunner().invoke, app, args)
-    assert result.exit_code == 2 and "'my agent' must be 1-64 letters" in result.output
+    assert result.exit_code == 2 and "'my agent' is not a valid name: use 1-64 ASCII letters" in result.output

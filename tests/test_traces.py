@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conftest import ROOT
-from runtime.model.simulator import InThread
+from runtime.model.serving import InThread
 from runtime.profiling import breakdown as traces
 from runtime.telemetry import spanfile
 

@@ -74,7 +74,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
     traces = tmp_path / "traces.jsonl"
     workers = [spawn(f, harness.broker.url, traces) for f in ("simple_agent", "math")]
     try:
-        start = harness.start(with_tools(math_rows[0]), run_id="tr1")
+        start = harness.start(with_tools(math_rows[0]), agent="simple_agent", env="math", run_id="tr1")
         sid = session_id("tr1", 0, 0)
         roots = RolloutSpans()
         with roots.submitting(start, sid):

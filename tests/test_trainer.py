@@ -18,7 +18,8 @@ from conftest import MATH_TASKS
 from functions.math.env import ENVIRONMENT as MATH
 from runtime.cli import app
 from runtime.errors import VerifierError
-from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.model.serving import InThread
+from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.runs.collect import collect
 from runtime.runs.config import load_config
 from runtime.sdk import Environment, Rollout, Task

@@ -20,7 +20,8 @@ from conftest import MATH_TASKS
 from runtime.model import sampling
 from runtime.model.client import register
 from runtime.model.simulated_tokens import decode
-from runtime.model.simulator import InThread, SimConfig, Simulator, load_answer_key
+from runtime.model.serving import InThread
+from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.testing import Harness
 
 

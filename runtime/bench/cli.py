@@ -67,10 +67,10 @@ def bench(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     base = QUICK if quick else FULL
     grid = expand(
-        _strs(workload) or base["workload"],  # type: ignore[arg-type]
-        [float(x) for x in _strs(latency_ms)] or base["latency_ms"],  # type: ignore[misc]
-        [int(x) for x in _strs(concurrency)] or base["concurrency"],  # type: ignore[misc]
-        [int(x) for x in _strs(replicas)] or base["replicas"],  # type: ignore[misc]
+        _strs(workload) or base.workload,  # type: ignore[arg-type]  # checked just below, naming the bad one
+        [float(x) for x in _strs(latency_ms)] or base.latency_ms,
+        [int(x) for x in _strs(concurrency)] or base.concurrency,
+        [int(x) for x in _strs(replicas)] or base.replicas,
     )
     bad = [c for c in grid if c.workload not in ("answer", "tool")]
     if bad:

@@ -62,13 +62,18 @@ UNBOUNDED = 10_000_000
 """The count bound when none is given: never reached in ``seconds`` on one machine."""
 
 
-FULL = {
-    "workload": ["answer", "tool"],
-    "latency_ms": [0.0, 50.0],
-    "concurrency": [1, 16, 64, 256, 1024],
-    "replicas": [1, 2],
-}
-QUICK = {"workload": ["answer", "tool"], "latency_ms": [0.0], "concurrency": [1, 4], "replicas": [1]}
+@dataclass(frozen=True)
+class Axes:
+    """The values of each axis of a grid."""
+
+    workload: list[Workload]
+    latency_ms: list[float]
+    concurrency: list[int]
+    replicas: list[int]
+
+
+FULL = Axes(workload=["answer", "tool"], latency_ms=[0.0, 50.0], concurrency=[1, 16, 64, 256, 1024], replicas=[1, 2])
+QUICK = Axes(workload=["answer", "tool"], latency_ms=[0.0], concurrency=[1, 4], replicas=[1])
 
 
 def expand(

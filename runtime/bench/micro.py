@@ -81,7 +81,8 @@ async def broker_ops(sync_always: bool, n: int) -> list[dict[str, Any]]:
         store, session = SessionStore(js), tool_session()
         revs: dict[int, int] = {}
         verify = encoder.encode(Verify(session_id=session.session_id, step=3))
-        procs = {"client": psutil.Process(), "broker": psutil.Process(server.proc.pid)}  # type: ignore[union-attr]
+        assert server.proc is not None
+        procs = {"client": psutil.Process(), "broker": psutil.Process(server.proc.pid)}
         tag = "fsync" if sync_always else "no fsync"
 
         async def cas(c: int, i: int) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from rich.table import Table
 from runtime.bench.grid import Config
 from runtime.bench.loop import Outcome, Rollout
 from runtime.bench.meter import MB
+from runtime.profiling.estimators import percentile
 
 
 @dataclass
@@ -32,11 +32,8 @@ class Usage:
 
 
 def pct(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (nearest rank); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+    """The q-th percentile (`runtime.profiling.estimators.percentile`); 0.0 for no values."""
+    return percentile(values, q) if values else 0.0
 
 
 def _ms(x: float) -> float:
@@ -136,7 +133,7 @@ def _cell(f: dict[str, Any], key: str | None, fmt: str) -> str:
     if key is None:
         return f"{f['stored']}/{f['submitted']}" + (f" ({f['failed']} failed)" if f["failed"] else "")
     value = f.get(key)
-    if key == "cpu_s_per_rollout":
+    if key == "cpu_s_per_rollout" and value is not None:
         value = value * 1000
     return "-" if value is None else fmt.format(value)
 

@@ -15,6 +15,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.server import EmbeddedServer
+from broker.topology import Role
 from runtime.bench.grid import Config
 from runtime.bench.workload import TASKS
 from runtime.runs.stack import LocalStack
@@ -69,7 +70,7 @@ class BenchStack:
     async def wait_ready(self, js: JetStreamContext, timeout_s: float = 90.0) -> None:
         """Until every replica has a pull request waiting on each of its consumers."""
         deadline = time.monotonic() + timeout_s
-        wanted = [("agent", "simple_agent"), ("tool", "math"), ("verify", "math")]
+        wanted: list[tuple[Role, str]] = [("agent", "simple_agent"), ("tool", "math"), ("verify", "math")]
         while time.monotonic() < deadline:
             dead = self.local.check()
             if dead:
@@ -83,9 +84,9 @@ class BenchStack:
         self.local.stop()
 
 
-async def _waiting(js: JetStreamContext, role: str, name: str) -> int:
+async def _waiting(js: JetStreamContext, role: Role, name: str) -> int:
     try:
-        info = await js.consumer_info(topology.WORK_STREAM, topology.durable(role, name))  # type: ignore[arg-type]
+        info = await js.consumer_info(topology.WORK_STREAM, topology.durable(role, name))
     except Exception:
         return 0
     return info.num_waiting or 0

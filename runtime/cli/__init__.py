@@ -3,6 +3,7 @@
     run.py       collect, submit, replay                          (rollouts)
     serve.py     worker, simulate, profiler, janitor, model serve, init
     inspect.py   status, profile, traces, dead-letters, schema
+    authoring.py check, new env, new agent                        (environment and agent authors)
     runtime.bench  bench
 
 `main` is the one error boundary: a user's mistake (`runtime.errors.UsageError`, an invalid name, an
@@ -25,7 +26,7 @@ from rich.markup import escape
 from broker.connect import BrokerUnavailable
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import inspect, run, serve, train
+from runtime.cli import authoring, inspect, run, serve, train
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -43,7 +44,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMANDS = [
+COMMANDS: list[tuple[Callable[..., None], str]] = [
     (run.collect, "collect"),
     (run.submit, "submit"),
     (run.replay, "replay"),
@@ -58,6 +59,7 @@ COMMANDS = [
     (inspect.traces, "traces"),
     (inspect.dead_letters, "dead-letters"),
     (inspect.schema, "schema"),
+    (authoring.check, "check"),
 ]
 USER_MISTAKES = (UsageError, InvalidName, BrokerUnavailable, BrokerError)
 """What the user can fix: printed as one line, exit 2."""
@@ -80,6 +82,8 @@ for command, name in COMMANDS:
     app.command(name)(guarded(command))
 serve.register_model_commands(guarded)
 app.add_typer(serve.model_app, name="model")
+authoring.register_new_commands(guarded)
+app.add_typer(authoring.new_app, name="new")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
+from broker.connect import DEFAULT_URL_ENV
 from runtime.errors import UsageError
 
 T = TypeVar("T")
@@ -21,7 +22,7 @@ err = Console(stderr=True)
 
 NatsOpt = Annotated[
     str | None,
-    typer.Option("--nats", envvar="GYMBUS_NATS_URL", help="Broker URL, e.g. nats://127.0.0.1:4222."),
+    typer.Option("--nats", envvar=DEFAULT_URL_ENV, help="Broker URL, e.g. nats://127.0.0.1:4222."),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs, and the traceback of any error.")]
 RunDirOpt = Annotated[
@@ -42,7 +43,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     if os.environ.get("GYMBUS_UVLOOP") == "1":
         import uvloop
 
-        return uvloop.run(main)  # type: ignore[no-any-return]
+        return uvloop.run(main)
     return asyncio.run(main)
 
 
@@ -53,10 +54,10 @@ def need_nats(nats: str | None, alternative: str = "") -> str:
     return nats
 
 
-def with_broker(nats: str | None, run_dir: Path | None, fn: Callable[[str], Awaitable[T]]) -> T:
+def with_broker(nats: str | None, run_dir: Path | None, fn: Callable[[str], Coroutine[Any, Any, T]]) -> T:
     """Run ``fn(url)`` against --nats, or against a run folder's embedded broker started for the purpose."""
     if nats:
-        return run(fn(nats))  # type: ignore[arg-type]
+        return run(fn(nats))
     if run_dir is None:
         raise UsageError("no broker: give --nats URL or --run-dir runs/<run_id>")
     if not (run_dir / "broker").is_dir():
@@ -64,4 +65,4 @@ def with_broker(nats: str | None, run_dir: Path | None, fn: Callable[[str], Awai
     from broker.server import EmbeddedServer
 
     with EmbeddedServer(run_dir / "broker", log_file=run_dir / "logs" / "nats-server.log") as broker:
-        return run(fn(broker.url))  # type: ignore[arg-type]
+        return run(fn(broker.url))

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from runtime.cli.common import NatsOpt, VerboseOpt, console, need_nats, run, setup_logging
+from runtime.engine import HTTP_PORT_ENV
 from runtime.errors import UsageError
 from runtime.telemetry import tracing
 
@@ -44,7 +45,7 @@ def worker(
     http_port: Annotated[
         int | None,
         typer.Option(
-            "--http-port", envvar="GYMBUS_HTTP_PORT", help="Serve /metrics and /healthz on 0.0.0.0:PORT (default: off)."
+            "--http-port", envvar=HTTP_PORT_ENV, help="Serve /metrics and /healthz on 0.0.0.0:PORT (default: off)."
         ),
     ] = None,
     verbose: VerboseOpt = False,
@@ -66,11 +67,11 @@ def worker(
     except (LookupError, ImportError) as exc:
         raise UsageError(f"FUNCTION {function!r}: {exc}") from None
     names.check(f"function {function!r} is named", fn.name)
-    roles = role or roles_of(fn)
-    bad = sorted(set(roles) - set(roles_of(fn)))
+    bad = sorted(set(role or []) - set(roles_of(fn)))
     if bad:
         raise UsageError(f"--role {bad[0]!r} is not served by {fn.name!r}; choose from {roles_of(fn)}")
-    w = Worker(fn, nats_url=url, concurrency=concurrency, batch=batch, roles=roles, model_url=model_url)  # type: ignore[arg-type]
+    roles = [r for r in roles_of(fn) if not role or r in role]
+    w = Worker(fn, nats_url=url, concurrency=concurrency, batch=batch, roles=roles, model_url=model_url)
     w.http_port = http_port
     tracing.configure(f"gymbus-{fn.name}")
     run(serve(w))
@@ -84,6 +85,10 @@ def simulate(
     latency_ms: Annotated[float, typer.Option("--latency-ms", help="Delay before every answer.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model: Annotated[str, typer.Option("--model", help="Model name it reports.")] = "policy",
+    env: Annotated[
+        str | None,
+        typer.Option("--env", help="Environment of rows that name none: the policy plays its reference."),
+    ] = None,
     reasoning: Annotated[
         str, typer.Option("--reasoning", help="Think first: none, tags (<think> in the text) or field (parsed).")
     ] = "none",
@@ -96,6 +101,7 @@ def simulate(
     accuracy and latency, and calls a tool first when tools are offered. For demos, benchmarks and
     tests; point the config's model.base_url at a real server (vLLM, ...) for real rollouts.
     """
+    from runtime.model.policy import AnswerBook
     from runtime.model.simulator import SimConfig, Simulator, load_answer_key
     from runtime.model.simulator import run as serve_simulator
 
@@ -114,7 +120,7 @@ def simulate(
         fail_status=fail_status,
         hang=hang,
     )
-    sim = Simulator(load_answer_key(tasks), config)
+    sim = Simulator(load_answer_key(tasks), config, book=AnswerBook.from_files(tasks, env=env, seed=seed))
     if tracing.configure("gymbus-simulated-policy"):
         # uvicorn re-raises SIGTERM after its graceful shutdown; exit normally so buffered spans are flushed
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

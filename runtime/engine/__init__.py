@@ -13,3 +13,6 @@
     metrics.py      a worker's /metrics and /healthz
     audit.py        the exactly-once audit of a run's streams (tests, the fault suite)
 """
+
+HTTP_PORT_ENV = "GYMBUS_HTTP_PORT"
+"""Where a worker serves /metrics and /healthz (``gymbus worker --http-port``); here so the CLI reads it cheaply."""

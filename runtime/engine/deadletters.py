@@ -12,12 +12,12 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from nats.js import JetStreamContext
 
-from broker import inspect, topology
+from broker import inspect, names, topology
 from broker.publish import publish, publish_raw
 from broker.schemas import (
     DeadLetter,
@@ -26,6 +26,7 @@ from broker.schemas import (
     Start,
     dead_letter_decoder,
     encoder,
+    parse_session_id,
     session_id,
     wire_decoder,
 )
@@ -46,6 +47,7 @@ async def dead_letter(
     sid: str | None,
 ) -> None:
     """Keep a message on ``gym.dead.<function>``; idempotent per work-stream sequence."""
+    encoding: Literal["utf-8", "base64"]
     try:
         payload, encoding = data.decode(), "utf-8"
     except UnicodeDecodeError:
@@ -59,7 +61,7 @@ async def dead_letter(
         error=error,
         session_id=sid,
         payload=payload,
-        payload_encoding=encoding,  # type: ignore[arg-type]
+        payload_encoding=encoding,
         headers=dict(headers or {}),
         dead_at=time.time(),
     )
@@ -89,20 +91,15 @@ def lenient_ids(data: bytes) -> tuple[str, str, int, int, int] | None:
         return None
     try:
         if isinstance(raw.get("session_id"), str):
-            run_id, task, rollout = raw["session_id"].rsplit(".", 2)
-            ids = (run_id, int(task), int(rollout), 0)
+            ids = (*parse_session_id(raw["session_id"]), 0)
         else:
             ids = (raw["run_id"], int(raw["task_index"]), int(raw.get("rollout_index", 0)), int(raw.get("attempt", 0)))
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
     run_id = ids[0]
-    if not isinstance(run_id, str) or not topology_name(run_id) or min(ids[1:]) < 0:
+    if not isinstance(run_id, str) or not names.valid(run_id) or min(ids[1:]) < 0:
         return None
     return (session_id(run_id, ids[1], ids[2]), run_id, ids[1], ids[2], ids[3])
-
-
-def topology_name(name: str) -> bool:
-    return 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in name)
 
 
 @dataclass

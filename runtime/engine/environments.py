@@ -8,10 +8,13 @@ import time
 from typing import Any
 
 from broker.schemas import FunctionCall, Msg, Seed, Session, Tools, Verify
+from runtime.engine.clients import env_client
 from runtime.engine.records import build_result, end
 from runtime.engine.transitions import Delivery, Runtime, transition
 from runtime.errors import GymError, InvalidInput, ToolError, VerifierError
+from runtime.judges import bound
 from runtime.sdk import Context, Environment, Rollout, Verdict
+from runtime.taskrows import step_rewards
 from runtime.telemetry import genai, spans
 
 
@@ -20,7 +23,7 @@ async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> N
         case Seed():
             await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(env, s))
         case Tools():
-            await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(env, s))
+            await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(rt, env, s))
         case _:
             raise InvalidInput(f"environment {env.name!r} tools cannot handle a {type(msg).__name__} message")
 
@@ -28,7 +31,7 @@ async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> N
 async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
     if not isinstance(msg, Verify):
         raise InvalidInput(f"environment {env.name!r} verifier cannot handle a {type(msg).__name__} message")
-    await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(env, s))
+    await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(rt, env, s))
 
 
 async def _seed(env: Environment, s: Session) -> None:
@@ -37,8 +40,9 @@ async def _seed(env: Environment, s: Session) -> None:
     s.phase = "model"
 
 
-async def _tools(env: Environment, s: Session) -> None:
-    s.items.extend(await run_tools(env, s, s.pending))
+async def _tools(rt: Runtime, env: Environment, s: Session) -> None:
+    with bound(rt.js, s, env_client(rt.js)):  # a tool may call a named model for this rollout
+        s.items.extend(await run_tools(env, s, s.pending))
     s.pending, s.phase = [], "model"
 
 
@@ -84,12 +88,13 @@ async def _call(env: Environment, ctx: Context[Any], call: FunctionCall) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-async def _verify(env: Environment, s: Session) -> None:
+async def _verify(rt: Runtime, env: Environment, s: Session) -> None:
     task = env.task(s)
     started = time.perf_counter()
     try:
         rollout = Rollout(output=s.items[s.n_input :], state=s.env_state)
-        verdict = await spans.verification(env.name, s.session_id, env.verify(task, rollout))
+        with bound(rt.js, s, env_client(rt.js)) as models:  # the verifier may call named models (judges)
+            verdict = await spans.verification(env.name, s.session_id, env.verify(task, rollout))
     except GymError:
         raise
     except Exception as exc:
@@ -97,6 +102,10 @@ async def _verify(env: Environment, s: Session) -> None:
     finally:
         s.timings.verify_s += time.perf_counter() - started
     reward, info = _reward(env, verdict)
+    if steps := step_rewards(s.env_state):
+        info = {**info, "step_rewards": steps}
+    if models.usage:
+        info = {**info, "models": models.usage}
     end(s, build_result(s, reward=reward, verifier=info))
 
 

@@ -17,7 +17,20 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.publish import publish
-from broker.schemas import FailureKind, Msg, Result, Session, Start, Timings, parse_session_id, session_id
+from broker.schemas import (
+    FailureKind,
+    Msg,
+    Result,
+    Resume,
+    Seed,
+    Session,
+    Start,
+    Timings,
+    Tools,
+    Verify,
+    parse_session_id,
+    session_id,
+)
 from runtime.engine.records import RolloutIds, build_result, end, finish_timings, new_session, stub_session
 from runtime.engine.transitions import Delivery, Runtime
 from runtime.errors import GymError
@@ -55,9 +68,14 @@ async def _until_committed(sid: str, attempt: Callable[[], Awaitable[bool]]) -> 
 
 
 def _sid_step(msg: Msg) -> tuple[str, int | None]:
-    if isinstance(msg, Start):
-        return session_id(msg.run_id, msg.task_index, msg.rollout_index), None
-    return msg.session_id, getattr(msg, "step", None)  # type: ignore[union-attr]
+    match msg:
+        case Start():
+            return session_id(msg.run_id, msg.task_index, msg.rollout_index), None
+        case Resume() | Seed() | Tools() | Verify():
+            return msg.session_id, msg.step
+        case Result():
+            return msg.session_id, None
+    raise TypeError(f"{type(msg).__name__} names no rollout")
 
 
 async def _fail_once(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: Delivery) -> bool:

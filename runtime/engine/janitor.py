@@ -74,8 +74,15 @@ class Janitor:
             "grace_s": "GYMBUS_JANITOR_GRACE_S",
             "orphan_after_s": "GYMBUS_ORPHAN_AFTER_S",
         }
-        values = {k: float(os.environ[v]) for k, v in env.items() if os.environ.get(v)}
-        return cls(js, limits, holder=holder, **values)
+        values = {k: float(os.environ.get(v) or getattr(cls, k)) for k, v in env.items()}
+        return cls(
+            js,
+            limits,
+            holder=holder,
+            scan_interval_s=values["scan_interval_s"],
+            grace_s=values["grace_s"],
+            orphan_after_s=values["orphan_after_s"],
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""

@@ -31,7 +31,6 @@ from runtime.telemetry import tracing
 if TYPE_CHECKING:
     from runtime.engine.worker import Worker
 
-HTTP_PORT_ENV = "GYMBUS_HTTP_PORT"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 

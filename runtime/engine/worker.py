@@ -38,6 +38,7 @@ from broker.sessions import SessionStore
 from broker.topology import Limits, Role
 from runtime.engine import retry as policy
 from runtime.engine.agents import handle_agent
+from runtime.engine.clients import close_client
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.environments import handle_tool, handle_verify
 from runtime.engine.failures import fail, fail_by_ids
@@ -169,6 +170,7 @@ class Worker:
                 sweeper.cancel()
             if client is not None:
                 await client.close()
+            await close_client(nc.jetstream())  # the one environments opened for named models (judges)
             await _close(nc)
 
     async def _loop(self, rt: Runtime, puller: Puller, role: Role, slots: Slots) -> None:

@@ -5,6 +5,7 @@
     translate.py    Responses items <-> Chat Completions messages, at the HTTP edge only
     tokens.py       token ids and logprobs as the server returned them
     simulator.py    the SIMULATED policy (not a model): demos, benchmarks, tests
+    serving.py      serving an ASGI app on a socket of its own (foreground, or from a thread)
     launcher.py     `gymbus model serve`: replicas as Ray actors, registered in the models bucket
     replica.py      one replica's server process
 """

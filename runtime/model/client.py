@@ -254,7 +254,7 @@ class ModelClient:
             raw = await resp.read()
             if resp.status == 200:
                 try:
-                    return _decode(raw)  # type: ignore[no-any-return]
+                    return _decode(raw)
                 except msgspec.DecodeError:
                     if _is_html(resp.content_type, raw):
                         raise _misconfigured(url, route, "200 with an HTML page") from None

@@ -126,10 +126,9 @@ def routes(sim: Simulator) -> list[Route]:
 
 async def _generate(sim: Simulator, body: dict[str, Any], ids: list[int], session: str) -> dict[str, Any]:
     messages, tools = conversation(decode(ids))
-    said = await sim.decide(messages, tools, session)
-    if "tool" in said:
-        name, args = said["tool"]
-        text = f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+    said = await sim.decide(messages, tools, session, str(body.get("model", "")))
+    if "tools" in said:
+        text = "".join(f"<tool_call>{json.dumps({'name': n, 'arguments': a})}</tool_call>" for n, a in said["tools"])
     else:
         text = said["text"]
     if sim.config.reasoning == "tags":

@@ -1,10 +1,14 @@
 """The SIMULATED policy: an OpenAI-compatible server that stands in for a model. It is not a model.
 
-It answers from an answer key (the task files it is given, matched by the prompt), right with a
-configured probability, after a configured latency. When the request offers tools and no tool
-output is in the conversation yet, it calls the first tool first. It never sees the verifier's
-fields through the request: only the answer key it was started with. Its draws depend on the seed,
-the prompt and the rollout index (header ``X-Gymbus-Session``), so two runs with the same seed agree.
+For a task whose environment gives a reference (what a perfect model answers, and a plausible wrong
+answer: runtime/reference.py), it plays that script turn by turn, the right one with a configured
+probability (runtime/model/policy.py); a call for another model (a judge) gets the reference's judge
+answer. For other tasks it answers from an answer key (the task files it is given, matched by the
+task's prompt), right with that probability; when the request offers tools and no tool output is in
+the conversation yet, it calls the first tool first. Every answer comes after a configured latency.
+It never sees the verifier's fields through the request: only the task files it was started with.
+Its draws depend on the seed, the prompt (or task) and the rollout index (header
+``X-Gymbus-Session``), so two runs with the same seed agree.
 Used for the quickstart, demos, capacity planning, benchmarks, and as the tests' model double.
 
 What it imitates of vLLM, so the client's paths are exercised over real HTTP:
@@ -26,22 +30,21 @@ import hashlib
 import json
 import logging
 import os
-import socket
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
-from runtime.model import simulated_tokens, translate
+from runtime.model import simulated_tokens
+from runtime.model.policy import AnswerBook
+from runtime.model.serving import bind, server
 from runtime.telemetry import tracing
 
 log = logging.getLogger("gymbus.simulator")
@@ -157,6 +160,8 @@ class Simulator:
     received: list[bytes] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     """The ``X-Gymbus-Session`` of every call answered (when recording)."""
+    book: AnswerBook | None = None
+    """The tasks with their environments' references (played before the answer key is looked at)."""
 
     async def _fault(self, request: Request) -> Response | None:
         if self.record:
@@ -187,9 +192,9 @@ class Simulator:
         return int.from_bytes(digest[:8], "big") / 2**64
 
     async def decide(
-        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str
+        self, items: str | list[dict[str, Any]], tools: list[dict[str, Any]], session: str, model: str = ""
     ) -> dict[str, Any]:
-        """What the 'model' says: {'tool': (name, args)} or {'text': ...}."""
+        """What the 'model' says: {'tools': [(name, args), ...]} or {'text': ...}."""
         self.calls += 1
         if self.record:
             self.sessions.append(session)
@@ -199,7 +204,12 @@ class Simulator:
                 await asyncio.sleep(self.config.latency_ms / 1000)
             finally:
                 self.in_flight -= 1
-        prompt = prompt_text(items)
+        played = self.book.answer(items, session, model, self.config.model, self.config.accuracy) if self.book else None
+        if played is not None and played.calls:
+            return {"tools": [(c.name, c.arguments) for c in played.calls]}
+        if played is not None:
+            return {"text": played.text or ""}
+        prompt = (self.book.task_prompt(items, session) if self.book else None) or prompt_text(items)
         answer = self.key.get(prompt)
         called = not isinstance(items, str) and any(
             i.get("type") == "function_call_output" or i.get("role") == "tool" for i in items
@@ -207,15 +217,15 @@ class Simulator:
         if tools and self.config.tool_first and not called and answer is not None:
             tool = tools[0]
             name = (tool.get("function") or tool).get("name", "tool")
-            return {"tool": (name, _tool_args(tool, answer))}
+            return {"tools": [(name, _tool_args(tool, answer))]}
         if answer is None:
             return {"text": "I do not know this one."}
         if self._draw(prompt, session) >= self.config.accuracy:
             answer = _wrong(answer)
         return {"text": f"Working it through, the answer is \\boxed{{{answer}}}."}
 
-    def _call_id(self) -> str:
-        return f"call_{self.calls:08d}"
+    def _call_id(self, k: int = 0) -> str:
+        return f"call_{self.calls:08d}_{k}" if k else f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
         body = await request.json()
@@ -225,43 +235,8 @@ class Simulator:
         if fault is not None:
             return fault
         items = body.get("input", [])
-        said = await self.decide(items, body.get("tools") or [], request.headers.get(SESSION_HEADER, ""))
-        think = self.config.reasoning
-        output: list[dict[str, Any]] = []
-        if think == "field":
-            output.append(
-                {
-                    "type": "reasoning",
-                    "id": f"rs_{self.calls}",
-                    "summary": [],
-                    "content": [{"type": "reasoning_text", "text": THOUGHT}],
-                }
-            )
-        if "tool" in said:
-            name, args = said["tool"]
-            if think == "tags":  # the thought before a call is text, as the chat path writes it
-                output.append(translate.message_item(f"<think>{THOUGHT}</think>"))
-            output += [
-                {
-                    "type": "function_call",
-                    "id": f"fc_{self.calls}",
-                    "call_id": self._call_id(),
-                    "name": name,
-                    "arguments": json.dumps(args),
-                    "status": "completed",
-                }
-            ]
-        else:
-            text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
-            output += [
-                {
-                    "type": "message",
-                    "id": f"msg_{self.calls}",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}],
-                }
-            ]
+        sid = request.headers.get(SESSION_HEADER, "")
+        said = await self.decide(items, body.get("tools") or [], sid, body.get("model", ""))
         n_in = len(json.dumps(items)) // 4
         return self._reply(
             {
@@ -270,10 +245,31 @@ class Simulator:
                 "created_at": int(time.time()),
                 "status": "completed",
                 "model": body.get("model", self.config.model),
-                "output": output,
+                "output": self._output_items(said),
                 "usage": {"input_tokens": n_in, "output_tokens": 12, "total_tokens": n_in + 12},
             }
         )
+
+    def _output_items(self, said: dict[str, Any]) -> list[dict[str, Any]]:
+        """What the 'model' said, as Responses output items (reasoning first, when it thinks)."""
+        think, n = self.config.reasoning, self.calls
+        output: list[dict[str, Any]] = []
+        if think == "field":
+            thought = [{"type": "reasoning_text", "text": THOUGHT}]
+            output.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "content": thought})
+        if "tools" in said:
+            if think == "tags":  # the thought before a call is text, as the chat path writes it
+                said_text = [{"type": "output_text", "text": f"<think>{THOUGHT}</think>", "annotations": []}]
+                output.append({"type": "message", "role": "assistant", "status": "completed", "content": said_text})
+            return output + [
+                {"type": "function_call", "id": f"fc_{n}_{k}" if k else f"fc_{n}", "call_id": self._call_id(k)}
+                | {"name": name, "arguments": json.dumps(args), "status": "completed"}
+                for k, (name, args) in enumerate(said["tools"])
+            ]
+        text = f"<think>{THOUGHT}</think>{said['text']}" if think == "tags" else said["text"]
+        content: list[dict[str, Any]] = [{"type": "output_text", "text": text, "annotations": []}]
+        message = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed"}
+        return [*output, {**message, "content": content}]
 
     async def chat(self, request: Request) -> Response:
         fault = await self._fault(request)
@@ -283,36 +279,14 @@ class Simulator:
         messages = body.get("messages", [])
         session = request.headers.get(SESSION_HEADER, "")
         prompt = render(messages)
-        limit = self.config.max_prompt_tokens
-        if limit and len(toy_tokens(prompt)) > limit:
-            message = (
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(toy_tokens(prompt))} tokens in the messages. Please reduce the length of the messages."
-            )
-            return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
-        said = await self.decide(messages, body.get("tools") or [], session)
-        if "tool" in said:
-            name, args = said["tool"]
-            message = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": self._call_id(),
-                        "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(args)},
-                    }
-                ],
-            }
-            finish = "tool_calls"
-        else:
-            message, finish = {"role": "assistant", "content": said["text"]}, "stop"
-        if self.config.reasoning == "tags":
-            message["content"] = f"<think>{THOUGHT}</think>{message['content'] or ''}"
-        elif self.config.reasoning == "field":
-            message["reasoning"] = THOUGHT
+        too_long = self._too_long(prompt)
+        if too_long is not None:
+            return too_long
+        said = await self.decide(messages, body.get("tools") or [], session, body.get("model", ""))
+        message, finish = self._chat_message(said)
         generated = toy_tokens((message.get("reasoning") or "") + turn_text(message))
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        prompt_ids = toy_tokens(prompt)
         answer: dict[str, Any] = {
             "id": f"chatcmpl-{self.calls}",
             "object": "chat.completion",
@@ -320,28 +294,59 @@ class Simulator:
             "model": body.get("model", self.config.model),
             "choices": [choice],
             "usage": {
-                "prompt_tokens": len(toy_tokens(prompt)),
+                "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(generated),
-                "total_tokens": len(toy_tokens(prompt)) + len(generated),
+                "total_tokens": len(prompt_ids) + len(generated),
             },
         }
         if body.get("return_token_ids"):  # vLLM >= 0.10.2
-            answer["prompt_token_ids"] = toy_tokens(prompt)
+            answer["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = generated
         if body.get("logprobs"):
-            as_ids = body.get("return_tokens_as_token_ids")
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": f"token_id:{t}" if as_ids else chr(t - TOKEN_OFFSET),
-                        "logprob": self._logprob(session, prompt, i),
-                        "bytes": [t - TOKEN_OFFSET],
-                        "top_logprobs": [],
-                    }
-                    for i, t in enumerate(generated)
-                ]
-            }
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = self._logprobs(generated, session, prompt, as_ids)
         return self._reply(answer)
+
+    def _too_long(self, prompt: str) -> Response | None:
+        """vLLM's 400 for a prompt over the context length, when one is configured."""
+        limit, n = self.config.max_prompt_tokens, len(toy_tokens(prompt))
+        if not limit or n <= limit:
+            return None
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{n} tokens in the messages. Please reduce the length of the messages."
+        )
+        return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": 400}}, 400)
+
+    def _chat_message(self, said: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """What the 'model' said, as a Chat Completions assistant message and its finish reason."""
+        if "tools" in said:
+            calls = [
+                {"id": self._call_id(k), "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                for k, (name, args) in enumerate(said["tools"])
+            ]
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls"
+        else:
+            message, finish = {"role": "assistant", "content": said["text"]}, "stop"
+        if self.config.reasoning == "tags":
+            message["content"] = f"<think>{THOUGHT}</think>{message['content'] or ''}"
+        elif self.config.reasoning == "field":
+            message["reasoning"] = THOUGHT
+        return message, finish
+
+    def _logprobs(self, generated: list[int], session: str, prompt: str, as_ids: bool) -> dict[str, Any]:
+        return {
+            "content": [
+                {
+                    "token": f"token_id:{t}" if as_ids else chr(t - TOKEN_OFFSET),
+                    "logprob": self._logprob(session, prompt, i),
+                    "bytes": [t - TOKEN_OFFSET],
+                    "top_logprobs": [],
+                }
+                for i, t in enumerate(generated)
+            ]
+        }
 
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse(
@@ -369,24 +374,12 @@ class Simulator:
         return app
 
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets TCP_NODELAY
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
-def _server(app: Starlette) -> uvicorn.Server:
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2)
-    return uvicorn.Server(config)
-
-
 def banner(sim: Simulator, url: str) -> str:
     c = sim.config
     faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
+    refs = f" and the references of {len(sim.book.rows)} tasks" if sim.book is not None else ""
     return (
-        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts, "
+        f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts{refs}, "
         f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}, reasoning={c.reasoning}{faults}"
     )
 
@@ -397,26 +390,4 @@ def run(sim: Simulator, host: str = "127.0.0.1", port: int = 0) -> None:
     url = f"http://{host}:{sock.getsockname()[1]}/v1"
     log.warning(banner(sim, url))
     print(json.dumps({"url": url, "simulated": True}), flush=True)
-    asyncio.run(_server(sim.app()).serve(sockets=[sock]))
-
-
-class InThread:
-    """Serve an ASGI app from a thread on a free port (tests, and the in-process CLI)."""
-
-    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.sock = bind(host, port)
-        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = _server(app)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True)
-
-    def __enter__(self) -> InThread:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+    asyncio.run(server(sim.app()).serve(sockets=[sock]))

@@ -87,23 +87,10 @@ def tool_to_chat(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def tool_to_responses(tool: dict[str, Any]) -> dict[str, Any]:
-    """Nested Chat tool -> flat Responses function tool."""
-    if tool.get("type") != "function" or "function" not in tool:
-        return tool
-    return {"type": "function", **tool["function"]}
-
-
 def tool_choice_to_chat(choice: Any) -> Any:
     """``{"type":"function","name":N}`` -> ``{"type":"function","function":{"name":N}}``; strings pass."""
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         return {"type": "function", "function": {"name": choice["name"]}}
-    return choice
-
-
-def tool_choice_to_responses(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" in choice:
-        return {"type": "function", "name": choice["function"].get("name")}
     return choice
 
 
@@ -113,12 +100,6 @@ def format_to_chat(fmt: dict[str, Any]) -> dict[str, Any]:
         return {"type": fmt.get("type", "text")}
     schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
     return {"type": "json_schema", "json_schema": schema}
-
-
-def format_to_responses(fmt: dict[str, Any]) -> dict[str, Any]:
-    if fmt.get("type") != "json_schema":
-        return {"type": fmt.get("type", "text")}
-    return {"type": "json_schema", **fmt.get("json_schema", {})}
 
 
 def reasoning_item(text: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from runtime.profiling.estimators import percentile
 from runtime.telemetry import semconv
 from runtime.telemetry.spanfile import SpanRecord, load
 
@@ -161,10 +162,6 @@ def rollouts(spans: Iterable[SpanRecord]) -> list[Rollout]:
     return out
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))]
-
-
 def breakdown(traces: list[Rollout]) -> list[HopStats]:
     """Per-hop latency over the rollouts, in `HOPS` order (rows with no span are left out)."""
     durations: dict[str, list[float]] = defaultdict(list)
@@ -186,8 +183,8 @@ def breakdown(traces: list[Rollout]) -> list[HopStats]:
                 count=len(values),
                 total_s=spent,
                 mean_s=spent / len(values),
-                p50_s=_quantile(values, 0.5),
-                p95_s=_quantile(values, 0.95),
+                p50_s=percentile(values, 50),
+                p95_s=percentile(values, 95),
                 max_s=values[-1],
                 per_rollout_s=spent / max(1, len(traces)),
                 share=spent / total,

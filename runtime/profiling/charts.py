@@ -10,7 +10,7 @@ value (an SVG ``<title>``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -172,7 +172,7 @@ def lines(
     return _svg(name, f"{y_title} over {x_title}", body)
 
 
-def cdf(name: str, values: dict[str, Sequence[float]], *, x_title: str, fmt: Callable[[float], str]) -> str:
+def cdf(name: str, values: Mapping[str, Sequence[float]], *, x_title: str, fmt: Callable[[float], str]) -> str:
     """Empirical CDFs, one per series, on a log10 x axis (durations from milliseconds to minutes)."""
     positive = [v for vs in values.values() for v in vs if v > 0]
     lo = 10 ** math.floor(math.log10(max(min(positive, default=1e-3), 1e-4)))

@@ -175,11 +175,26 @@ class Spread(msgspec.Struct, kw_only=True):
     max: float | None = None
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between closest ranks (numpy's default, and
+    ``statistics.quantiles(method="inclusive")``): the one method every figure of gymbus uses."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
 def spread(values: Sequence[float]) -> Spread:
     if not values:
         return Spread()
-    if len(values) == 1:
-        v = values[0]
-        return Spread(count=1, mean=v, p50=v, p90=v, p99=v, max=v)
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return Spread(count=len(values), mean=statistics.fmean(values), p50=q[49], p90=q[89], p99=q[98], max=max(values))
+    return Spread(
+        count=len(values),
+        mean=statistics.fmean(values),
+        p50=percentile(values, 50),
+        p90=percentile(values, 90),
+        p99=percentile(values, 99),
+        max=max(values),
+    )

@@ -23,6 +23,7 @@ import msgspec
 
 from broker.schemas import Result, Timings, Usage
 from runtime.errors import UsageError
+from runtime.profiling.components import component_stats, components_of
 from runtime.profiling.estimators import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
 from runtime.rows import result_from_row
 
@@ -49,10 +50,16 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     """Whether the verifier reports ``extracted_answer`` at all (majority@k needs it)."""
     timings: Timings = msgspec.field(default_factory=Timings)
     usage: Usage = msgspec.field(default_factory=Usage)
+    env: str = ""
+    """The environment that scored it (a run may mix them)."""
+    components: dict[str, float] = {}
+    """The reward's components, when the verifier reports them (``components`` in its info)."""
 
     @classmethod
     def of(cls, r: Result) -> Sample:
         return cls(
+            env=r.env,
+            components=components_of(r.verifier),
             session_id=r.session_id,
             task_index=r.task_index,
             rollout_index=r.rollout_index,
@@ -167,6 +174,10 @@ class Profile(msgspec.Struct, kw_only=True):
     throughput: Throughput = msgspec.field(default_factory=Throughput)
     last_seq: int = 0
     """Live only: the last results-stream sequence folded in."""
+    components: dict[str, Stats] = {}
+    """Per reward component (when the verifier reports ``components``): its statistics over scored rollouts."""
+    by_env: dict[str, Profile] = {}
+    """When the run mixes environments: every statistic above, per environment."""
 
 
 def build(
@@ -208,8 +219,23 @@ def build(
         tasks_always_passed=sum(1 for t in rated if t.passed == t.scored),
         latency=latency(ordered),
         throughput=_throughput(ordered),
+        components=component_stats([s.components for s in scored]),
+        by_env=_by_env(info, ordered, source),
     )
     return profile, tasks
+
+
+def _by_env(info: RunInfo, samples: list[Sample], source: Literal["live", "offline"]) -> dict[str, Profile]:
+    """One profile per environment when there are several (its tasks are those with a Result there)."""
+    envs = sorted({s.env for s in samples})
+    if len(envs) < 2:
+        return {}
+    out = {}
+    for env in envs:
+        part = [s for s in samples if s.env == env]
+        sub = RunInfo(run_id=info.run_id, repeats=info.repeats, pass_threshold=info.pass_threshold)
+        out[env or "-"] = build(sub, part, source=source)[0]
+    return out
 
 
 def _task(index: int, samples: list[Sample], info: RunInfo, k_list: list[int], answers: bool) -> TaskProfile:

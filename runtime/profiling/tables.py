@@ -60,7 +60,32 @@ def profile_table(p: Profile) -> Group:
     t = p.throughput
     rate = f"{t.rollouts_per_s:.1f} rollouts/s over {seconds(t.span_s)}" if t.rollouts_per_s else "-"
     summary.add_row("throughput", f"{rate} · tokens {t.input_tokens:,} in / {t.output_tokens:,} out")
-    return Group(summary, latency_table(p.latency))
+    for name, c in p.components.items():
+        summary.add_row(f"  {name}", f"mean {num(c.mean)} ± {num(c.std)} · min {num(c.min)} · max {num(c.max)}")
+    parts: list[Table] = [summary]
+    if p.by_env:
+        parts.append(env_table(p.by_env))
+    return Group(*parts, latency_table(p.latency))
+
+
+def env_table(by_env: dict[str, Profile]) -> Table:
+    """Every environment's share of a mixed run: rollouts, failures, reward, pass@k, verify time."""
+    table = Table(title="per environment", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for col in ("env", "rollouts", "failed", "mean reward", "pass@1", "pass@k", "verify p50"):
+        table.add_column(col, justify="left" if col == "env" else "right", no_wrap=col == "env")
+    for env, p in by_env.items():
+        top = p.pass_at_k[-1] if p.pass_at_k else None
+        verify = p.latency.get("verify")
+        table.add_row(
+            env,
+            str(p.present),
+            str(p.failed),
+            num(p.reward.mean),
+            num(p.pass_at_k[0].value) if p.pass_at_k else "-",
+            f"@{top.k} {top.value:.3f}" if top else "-",
+            seconds(verify.p50) if verify is not None and verify.count else "-",
+        )
+    return table
 
 
 def latency_table(latency: dict[str, Spread]) -> Table:

@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -36,13 +37,14 @@ from runtime.profiling.profile import Profile
 from runtime.rows import output_row
 from runtime.runs import identity as identities
 from runtime.runs import rollouts
-from runtime.runs.config import RunConfig
+from runtime.runs.config import ModelConfig, RunConfig
 from runtime.runs.feed import ResultsFeed
 from runtime.runs.folder import RunFolder
-from runtime.runs.models import register_model, urls_of, writer
+from runtime.runs.models import describe_endpoints, register_model, urls_of, writer
 from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
+from runtime.sdk import Environment
 from runtime.telemetry import tracing
 from runtime.telemetry.spans import RolloutSpans
 
@@ -151,8 +153,11 @@ class Collector:
         """The local stack's policy, workers and profiler; with --nats, check that workers serve the run."""
         cfg, urls = self.cfg, urls_of(self.cfg.model.base_url)
         if self.stack is None:
-            await check_served(js, cfg)
-            self.plan.model = {**await _registered(js, cfg.model.name), **self.plan.model}
+            await check_served(js, cfg, self.plan.functions)
+            registered = await _registered(js, cfg.model.name)
+            if registered["endpoints"] and not self.plan.model:
+                registered.update(await describe_endpoints(registered["endpoints"], cfg.model.name))
+            self.plan.model = {**registered, **self.plan.model}
         else:
             if not urls:
                 sim = cfg.model.simulate
@@ -163,15 +168,18 @@ class Collector:
                         latency_ms=sim.latency_ms,
                         seed=sim.seed,
                         model=cfg.model.name,
+                        env=cfg.env,
                     )
                 ]
                 self.plan.model = {"endpoints": urls, "simulated_policy": True}
-            for ref in (cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env):
+            for ref in _worker_refs(cfg, self.plan.functions):
                 for replica in range(cfg.workers.replicas):
                     self.stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
             self.stack.start_profiler()
         if urls:
             await register_model(js, cfg.model, urls, writer("collect"))
+            simulated = self.stack is not None and not cfg.model.base_url
+            await _register_named_models(js, cfg, urls, simulated, self.plan.envs.values())
 
     async def _gather(self, js: JetStreamContext, nats_url: str) -> None:
         plan = self.plan
@@ -206,7 +214,14 @@ class Collector:
         try:
             with progress:
                 self.summary.submitted = len(wanted) + await rollouts.publish_starts(
-                    js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env, self.roots
+                    js,
+                    self.cfg,
+                    plan.run_id,
+                    {t.index: t for t in plan.tasks},
+                    attempts,
+                    plan.env,
+                    self.roots,
+                    plan.envs,
                 )
                 await self._wait(progress, wanted)
         finally:
@@ -304,6 +319,26 @@ class Collector:
             failures=dict(s.failures),
             mean_reward=s.mean_reward,
         )
+
+
+def _worker_refs(cfg: RunConfig, functions: list[tuple[str, str]]) -> list[str]:
+    """The functions a local run starts workers for: the run's agent and environment, and those other rows name."""
+    refs = [cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env]
+    for agent, env in functions[1:]:
+        refs += [r for r in (agent, env) if r not in refs and r not in (cfg.agent, cfg.env)]
+    return refs
+
+
+async def _register_named_models(
+    js: JetStreamContext, cfg: RunConfig, policy_urls: list[str], simulated: bool, envs: Iterable[Environment]
+) -> None:
+    """The other models the environments call (judges), as the config's ``models`` says; with the
+    simulated policy, one it does not configure is served by the simulated policy too."""
+    named = {m.name: ModelConfig(name=m.name) for e in envs for m in e.models}
+    for name, model in {**named, **cfg.models}.items():
+        urls = urls_of(model.base_url) or (policy_urls if simulated else [])
+        if urls:
+            await register_model(js, msgspec.structs.replace(model, name=name), urls, writer("collect"))
 
 
 async def _registered(js: JetStreamContext, model: str) -> dict[str, Any]:

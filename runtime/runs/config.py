@@ -44,7 +44,7 @@ class ModelConfig(Strict):
     simulate: SimulateConfig = msgspec.field(default_factory=SimulateConfig)
 
 
-class LimitsConfig(Options, forbid_unknown_fields=True, kw_only=True):
+class LimitsConfig(Options, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Same fields as the wire ``Options``."""
 
     def options(self) -> Options:
@@ -87,6 +87,9 @@ class RunConfig(Strict):
     nats: str | None = None
     """Broker URL; None starts an embedded broker (and the workers the run needs)."""
     profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)
+    models: dict[str, ModelConfig] = {}
+    """Other models the environments call by name (judges): name -> where it is served. With no
+    ``base_url`` (and no ``model.base_url``), the simulated policy serves it too."""
 
 
 FLAGS = {

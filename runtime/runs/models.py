@@ -64,14 +64,31 @@ async def check_endpoints(urls: list[str], model: str) -> dict[str, Any]:
     }
 
 
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {CHECK_TIMEOUT_S:g} s"
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    return str(cause) or type(cause).__name__
+
+
+async def describe_endpoints(urls: list[str], model: str) -> dict[str, Any]:
+    """What a run records of endpoints it did not start (a shared deployment's): like `check_endpoints`,
+    but an endpoint that does not answer here leaves ``simulated_policy`` unknown instead of failing."""
+    try:
+        return await check_endpoints(urls, model)
+    except InputError:
+        return {"endpoints": urls, "simulated_policy": None}
+
+
 async def _check_one(http: aiohttp.ClientSession, url: str, model: str) -> set[str]:
     fix = "(model.base_url in the config, or --model-url; --no-check skips this check)"
     try:
         async with http.get(f"{url}/models") as resp:
             status, body = resp.status, await resp.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        reason = f"timed out after {CHECK_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else str(exc) or type(exc)
-        raise InputError(f"model endpoint {url} does not answer: {reason} {fix}") from None
+        raise InputError(f"model endpoint {url} does not answer: {_why(exc)} {fix}") from None
     if status != 200:
         raise InputError(
             f"model endpoint {url}: GET {url}/models answered HTTP {status}, not an OpenAI-compatible model list "

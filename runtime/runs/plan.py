@@ -7,18 +7,20 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
 from broker import names, topology
 from broker.schemas import RunIdentity
+from broker.topology import Role
 from runtime.errors import InputError
 from runtime.runs import identity as identities
 from runtime.runs.config import RunConfig
 from runtime.runs.models import check_endpoints, urls_of
+from runtime.runs.routing import route_tasks
 from runtime.runs.tasks import TaskRow, read_tasks
-from runtime.sdk import Agent, Environment, Function, load
+from runtime.sdk import Agent, Environment, load
 
 log = logging.getLogger("gymbus.collect")
 
@@ -42,6 +44,18 @@ class Plan:
     """The environment, for its tool specs (None with --nats when it is not importable here)."""
     model: dict[str, Any] = field(default_factory=dict)
     """What the pre-flight check learnt of the model endpoints (for metadata.json)."""
+    envs: dict[str, Environment] = field(default_factory=dict)
+    """Every environment the rows run on that imports here (a run may mix them: runtime/routing.py)."""
+
+    @cached_property
+    def functions(self) -> list[tuple[str, str]]:
+        """(agent, env) pairs the rows run on: the run's own first."""
+        pairs = [(self.cfg.agent, self.cfg.env)]
+        for t in self.tasks:
+            pair = (t.agent or self.cfg.agent, t.env or self.cfg.env)
+            if t.row is not None and not t.error and pair not in pairs:
+                pairs.append(pair)
+        return pairs
 
     @cached_property
     def expected(self) -> set[Key]:
@@ -61,6 +75,7 @@ async def prepare(cfg: RunConfig, run_id: str | None, *, check_model: bool = Tru
     tasks = read_tasks(cfg.input, cfg.limit)
     env = _load_functions(cfg)
     plan = Plan(cfg, run_id, tasks, identities.identity_of(cfg), env)
+    plan.envs = route_tasks(tasks, cfg.agent, cfg.env, env)
     urls = urls_of(cfg.model.base_url)
     if urls and check_model:
         plan.model = await check_endpoints(urls, cfg.model.name)
@@ -69,6 +84,7 @@ async def prepare(cfg: RunConfig, run_id: str | None, *, check_model: bool = Tru
 
 def _load_functions(cfg: RunConfig) -> Environment | None:
     """The environment (and, for a local run, the agent) the run names, checked to be what it says."""
+    env: Environment | None
     try:
         env = _load(cfg.env_ref or cfg.env, "env", cfg.env, Environment)
     except InputError as exc:
@@ -78,10 +94,13 @@ def _load_functions(cfg: RunConfig) -> Environment | None:
         env = None
     if not cfg.nats:
         _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent)
-    return env  # type: ignore[return-value]
+    return env
 
 
-def _load(ref: str, key: str, name: str, kind: type) -> Function:
+F = TypeVar("F", Agent, Environment)
+
+
+def _load(ref: str, key: str, name: str, kind: type[F]) -> F:
     try:
         fn = load(ref)
     except (LookupError, ImportError) as exc:
@@ -93,11 +112,15 @@ def _load(ref: str, key: str, name: str, kind: type) -> Function:
     return fn
 
 
-async def check_served(js: JetStreamContext, cfg: RunConfig) -> None:
+async def check_served(js: JetStreamContext, cfg: RunConfig, functions: list[tuple[str, str]] | None = None) -> None:
     """With a remote broker, refuse to submit to functions no worker has ever served."""
-    for role, name in (("agent", cfg.agent), ("tool", cfg.env), ("verify", cfg.env)):
-        if not await topology.has_consumer(js, role, name):  # type: ignore[arg-type]
-            subject = topology.subject(role, name)  # type: ignore[arg-type]
+    pairs = functions or [(cfg.agent, cfg.env)]
+    served: list[tuple[Role, str]] = list(
+        dict.fromkeys(pair for a, e in pairs for pair in (("agent", a), ("tool", e), ("verify", e)))
+    )
+    for role, name in served:
+        if not await topology.has_consumer(js, role, name):
+            subject = topology.subject(role, name)
             raise InputError(
                 f"no worker serves {subject} (it has no consumer yet): start one with `gymbus worker {name} --nats URL`"
             )

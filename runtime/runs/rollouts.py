@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+import msgspec
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
@@ -63,21 +64,26 @@ async def publish_starts(
     attempts: dict[Key, int],
     env: Environment | None,
     roots: RolloutSpans | None = None,
+    envs: dict[str, Environment] | None = None,
 ) -> int:
     """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
     over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
-    tool_specs = env.tool_specs() if (env is not None and cfg.env_tools) else None
+    known = {**({cfg.env: env} if env is not None else {}), **(envs or {})}
+    specs = {name: e.tool_specs() for name, e in known.items()} if cfg.env_tools else {}
+    seeded = {name for name, e in known.items() if e.seed is not None}
     sem = asyncio.Semaphore(256)
-    subject = topology.agent_subject(cfg.agent)
 
     async def one(task_index: int, rollout: int, attempt: int) -> None:
         task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
         sid = session_id(run_id, task_index, rollout)
         async with sem:
-            if task.row is None:  # unreadable row: its rollouts fail here, with the reason
+            if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
                 await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
                 return
-            start = build_start(cfg, run_id, task, rollout, attempt, tool_specs)
+            start = build_start(cfg, run_id, task, rollout, attempt, specs.get(task.env or cfg.env))
+            if start.env in seeded and not start.options.seed:  # a stateful environment seeds every session
+                start = msgspec.structs.replace(start, options=msgspec.structs.replace(start.options, seed=True))
+            subject = topology.agent_subject(start.agent)
             try:
                 with roots.submitting(start, sid) if roots else contextlib.nullcontext():
                     await publish(js, subject, start, f"{sid}:start:{attempt}")

@@ -103,7 +103,9 @@ class LocalStack:
         ).start()
         return self.broker.url
 
-    def start_simulator(self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str) -> str:
+    def start_simulator(
+        self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str, env: str | None = None
+    ) -> str:
         proc = Process(
             "policy-simulated",
             gymbus_command(
@@ -120,6 +122,7 @@ class LocalStack:
                 model,
                 "--port",
                 "0",
+                *(["--env", env] if env else []),
             ),
             self.log_dir,
             self.env,

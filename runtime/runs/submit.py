@@ -49,7 +49,7 @@ async def submit(
     try:
         js = nc.jetstream()
         await topology.ensure(js, topology.Limits.from_env())
-        await check_served(js, cfg)
+        await check_served(js, cfg, plan.functions)
         if urls := urls_of(cfg.model.base_url):
             await register_model(js, cfg.model, urls, writer("submit"))
         manifest = Manifest(
@@ -64,7 +64,7 @@ async def submit(
         finished = expected & {(r.task_index, r.rollout_index) for r in await stored_results(js, plan.run_id)}
         attempts = await rollouts.plan(js, sorted(expected - finished), plan.run_id, fresh, time.time())
         submitted = await rollouts.publish_starts(
-            js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env
+            js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, plan.env, envs=plan.envs
         )
     finally:
         await nc.close()

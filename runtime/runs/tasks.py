@@ -18,7 +18,11 @@ class TaskRow:
     index: int
     row: dict[str, Any] | None
     error: str | None = None
-    """Why the line is not a task (then ``row`` is None): its rollouts fail with this reason."""
+    """Why the line is not a task, or cannot run (its rollouts fail with this reason, before any model call)."""
+    agent: str | None = None
+    """The agent the row runs on, when it is not the run's (see runtime/routing.py)."""
+    env: str | None = None
+    """The environment the row runs on, when it is not the run's."""
 
 
 def read_tasks(path: str | Path, limit: int | None = None) -> list[TaskRow]:
@@ -76,8 +80,8 @@ def build_start(
         task_index=task.index,
         rollout_index=rollout,
         attempt=attempt,
-        agent=cfg.agent,
-        env=cfg.env,
+        agent=task.agent or cfg.agent,
+        env=task.env or cfg.env,
         model=cfg.model.name,
         responses_create_params=params,  # type: ignore[arg-type]  # a wrong type fails at the agent, naming the field
         meta=meta,

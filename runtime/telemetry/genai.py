@@ -101,6 +101,7 @@ def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses items in the GenAI semconv message shape (recorded only when content capture is on)."""
     out = []
     for item in items:
+        parts: list[dict[str, Any]]
         match item.get("type", "message"):
             case "message":
                 role, parts = item.get("role", "user"), [{"type": "text", "content": text_of(item.get("content"))}]

@@ -16,9 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
+from contextvars import Token
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from opentelemetry import context, propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from runtime.telemetry import semconv, tracing
@@ -31,10 +33,14 @@ TRACEPARENT = "traceparent"
 
 
 class DeliveryLike(Protocol):
-    published_at: float
-    received_at: float
-    num_delivered: int
-    headers: dict[str, str]
+    @property
+    def published_at(self) -> float: ...
+    @property
+    def received_at(self) -> float: ...
+    @property
+    def num_delivered(self) -> int: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
 
 
 def _ns(unix_s: float) -> int:
@@ -69,7 +75,7 @@ class Hop:
 
     __slots__ = ("_token", "span")
 
-    def __init__(self, span: Span, token: object | None) -> None:
+    def __init__(self, span: Span, token: Token[Context] | None) -> None:
         self.span = span
         self._token = token
 
@@ -81,7 +87,7 @@ class Hop:
 
     def end(self) -> None:
         if self._token is not None:
-            context.detach(self._token)  # type: ignore[arg-type]
+            context.detach(self._token)
             self.span.end()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import MATH_TASKS
 from functions.math.env import ENVIRONMENT, Meta, _check, _quick, calculator
-from runtime.sdk import Rollout, Task
+from runtime.sdk import Rollout, Task, Verdict
 from runtime.testing import Harness
 
 
@@ -20,12 +20,18 @@ def task(answer: str) -> Task[Meta]:
     return Task(index=0, rollout_index=0, meta=Meta(expected_answer=answer), params={}, input=[])
 
 
+async def verdict_of(gold: str, text: str) -> Verdict:
+    verdict = await ENVIRONMENT.verify(task(gold), reply(text))
+    assert isinstance(verdict, Verdict)
+    return verdict
+
+
 async def test_verifier_accepts_every_gold_answer(math_rows: list[dict]) -> None:
     """Self-test: each example's own answer, boxed, scores 1.0; off by one scores 0.0."""
     for row in math_rows:
         gold = row["expected_answer"]
-        right = await ENVIRONMENT.verify(task(gold), reply(f"So the answer is \\boxed{{{gold}}}."))
-        wrong = await ENVIRONMENT.verify(task(gold), reply(f"So the answer is \\boxed{{{int(gold) + 1}}}."))
+        right = await verdict_of(gold, f"So the answer is \\boxed{{{gold}}}.")
+        wrong = await verdict_of(gold, f"So the answer is \\boxed{{{int(gold) + 1}}}.")
         assert (right.reward, wrong.reward) == (1.0, 0.0), gold
         assert right.info["extracted_answer"] == gold
 
@@ -41,22 +47,24 @@ async def test_verifier_accepts_every_gold_answer(math_rows: list[dict]) -> None
     ],
 )
 async def test_answer_forms(text: str, expected: str, reward: float) -> None:
-    assert (await ENVIRONMENT.verify(task(expected), reply(text))).reward == reward
+    assert (await verdict_of(expected, text)).reward == reward
 
 
 GOLDS = ("138", "0", "-5", "2.5", "0.75", "1000000", "123456789012", "3/4", "1.0000001")
-ANSWERS = ("138", "139", "138.0", "0", "-0", "-5", "5", "2.50", "2.5", "0.75", "3/4", "\\frac{3}{4}", "1000001")
-ANSWERS += ("1000000", "123456789013", "1.0000002", "50\\%", "1,000", "3.", "+7", " 7 ")
+ANSWERS: tuple[str, ...] = ("138", "139", "138.0", "0", "-0", "-5", "5", "2.50", "2.5", "0.75", "3/4", "\\frac{3}{4}")
+ANSWERS += ("1000001", "1000000", "123456789013", "1.0000002", "50\\%", "1,000", "3.", "+7", " 7 ")
 REPLIES = ("Working it through, the answer is \\boxed{{{}}}.", "\\boxed{{{}}}", "\\boxed{{12}} then \\boxed{{{}}}")
 QUICK_CASES = [(gold, reply.format(answer)) for gold in GOLDS for answer in ANSWERS for reply in REPLIES]
 
 
 @pytest.mark.parametrize("gold,text", QUICK_CASES)
-def test_quick_path_agrees_with_math_verify(gold: str, text: str) -> None:
-    """The plain-number fast path gives math-verify's verdict and extracted answer, or steps aside."""
-    quick = _quick(gold, text)
-    if quick is not None:
-        assert quick == _check(gold, text)
+async def test_every_answer_form_gets_math_verifys_verdict(gold: str, text: str) -> None:
+    """The verifier's reward is math-verify's verdict, whichever path gave it; the plain-number fast path
+    gives that verdict and extracted answer, or steps aside."""
+    right, extracted = _check(gold, text)
+    assert _quick(gold, text) in (None, (right, extracted))
+    verdict = await verdict_of(gold, text)
+    assert (verdict.reward, verdict.info.get("extracted_answer")) == (float(right), extracted)
 
 
 def test_quick_path_takes_plain_numbers() -> None:

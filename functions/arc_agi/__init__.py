@@ -1,0 +1,3 @@
+from functions.arc_agi.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.blackjack.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

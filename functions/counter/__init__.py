@@ -1,0 +1,3 @@
+from functions.counter.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.function_calling.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.genrm_compare.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

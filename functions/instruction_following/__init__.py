@@ -1,0 +1,3 @@
+from functions.instruction_following.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

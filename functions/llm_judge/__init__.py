@@ -1,0 +1,3 @@
+from functions.llm_judge.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.mcqa.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.multi_reward.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.one_shot.agent import AGENT
+
+__all__ = ["AGENT"]

@@ -1,0 +1,3 @@
+from functions.similarity.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.string_match.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.structured_outputs.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.text_to_sql.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.wordle.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

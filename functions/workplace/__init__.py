@@ -1,0 +1,3 @@
+from functions.workplace.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]
