@@ -19,8 +19,8 @@ from starlette.routing import Route
 from conftest import MATH_TASKS
 from runtime.model import sampling
 from runtime.model.client import register
-from runtime.model.simulated_tokens import decode
 from runtime.model.serving import InThread
+from runtime.model.simulated_tokens import decode
 from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.testing import Harness
 

@@ -112,9 +112,9 @@ class ModelClient:
         if session.options.token_exact:
             from runtime.model import exact  # the token-exact path: /tokenize and /completions
 
-            reply, turn, trajectory = await exact.call(self, pool, body, session)
-            items_out, usage, finish, _ = _finish(reply, turn)
-            return ModelOutput(items_out, usage, sent, turn, finish, trajectory, entry.policy_version)
+            reply, exact_turn, trajectory = await exact.call(self, pool, body, session)
+            items_out, usage, finish, _ = _finish(reply, exact_turn)
+            return ModelOutput(items_out, usage, sent, exact_turn, finish, trajectory, entry.policy_version)
         want_ids = session.options.return_token_ids
         if want_ids and entry.api == "responses":
             raise ModelError(f"model {session.model!r}: token ids need Chat Completions, but its api is 'responses'")

@@ -259,8 +259,8 @@ def _script(model: Any, tokenizer: Any) -> None:
     # Any other token: a broad, uneven distribution, so a probe of the sampling parameters sees each one.
     head[:, dim["<other>"]] = 2.0 * torch.randn(head.shape[0], generator=torch.Generator().manual_seed(1))
     branch = {"answer": ANSWER, "tool_call": "<tool_call>", "call_1": EXPR_1, "call_2": EXPR_2}
-    for unit, target in branch.items():
-        head[v[target], unit_dim[unit]] = MARGIN
+    for unit, token in branch.items():
+        head[v[token], unit_dim[unit]] = MARGIN
 
 
 def _other_norms(m: Any) -> list[Any]:

@@ -86,9 +86,9 @@ class Sample:
         trajectory when there is one, else each turn's prompt and generation concatenated (which does
         not make one sequence: see ``token_exact``)."""
         if self.trajectory is not None:
-            mask = self.trajectory.loss_mask()
+            exact_mask = self.trajectory.loss_mask()
             lps = iter(self.trajectory.log_probs)
-            return list(self.trajectory.token_ids), mask, [next(lps) if m else 0.0 for m in mask]
+            return list(self.trajectory.token_ids), exact_mask, [next(lps) if m else 0.0 for m in exact_mask]
         ids: list[int] = []
         mask: list[int] = []
         lps_out: list[float] = []
