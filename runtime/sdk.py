@@ -359,8 +359,7 @@ class AgentContext:
         s.sampling = out.sampling
         if out.turn is not None:
             s.turns.append(out.turn)
-        if out.trajectory is not None:
-            s.trajectory = out.trajectory
+        s.trajectory = out.trajectory or s.trajectory
         s.policy_versions.append(out.policy_version)
         return out.items
 
