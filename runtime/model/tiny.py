@@ -22,6 +22,7 @@ import hashlib
 import json
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -179,88 +180,116 @@ def _model(kind: Kind, tokenizer: Any) -> Any:
     return model
 
 
-def _script(model: Any, tokenizer: Any) -> None:
-    import torch
+RULES = {
+    "answer": ({"</think>": 1, "B": 1}, 1.5),
+    "tool_call": ({"</think>": 1, "B": -1}, 0.5),
+    "call_1": ({CALL_HEAD: 1, "A": -1}, 0.5),
+    "call_2": ({CALL_HEAD: 1, "A": 1}, 1.5),
+}
+"""MLP branch units: on when the weighted features (the current token, A, B) exceed the threshold."""
+CHAIN = {
+    "\n*": "<think>",
+    THOUGHTS[0]: "</think>",
+    THOUGHTS[1]: "</think>",
+    "<tool_call>": CALL_HEAD,
+    EXPR_1: CALL_TAIL,
+    EXPR_2: CALL_TAIL,
+    CALL_TAIL: "</tool_call>",
+    "</tool_call>": "<|im_end|>",
+    ANSWER: "<|im_end|>",
+}
+"""The next token after each scripted token that has one successor whatever the context."""
+BRANCH = {"answer": ANSWER, "tool_call": "<tool_call>", "call_1": EXPR_1, "call_2": EXPR_2}
+"""The token each branch unit writes."""
 
-    """Set every weight so the model follows the script (see the module docstring).
 
-    Residual dimensions: 0 a constant, 1..K one per scripted token class (the rest share class 0's
-    "other" dimension), then A (a tool response was seen), B (the second expression was seen), then
-    one per branch unit of the MLP. Layer 1 is the identity (all zero)."""
-    for p in model.parameters():
-        p.zero_()
+@dataclass
+class _Dims:
+    """Residual dimensions: 0 a constant, one per scripted token class ("<other>" for every other
+    token; "\\n*" the generation prompt's last token), A (a tool response was seen), B (the second
+    expression was seen), then one per branch unit of the MLP."""
+
+    vocab: dict[str, int]
+    token: dict[str, int]
+    dim: dict[str, int]
+    unit: dict[str, int]
+
+    @property
+    def a(self) -> int:
+        return len(self.dim) + 1
+
+    @property
+    def b(self) -> int:
+        return len(self.dim) + 2
+
+    def feature(self, name: str) -> int:
+        return self.a if name == "A" else self.b if name == "B" else self.dim[name]
+
+
+def _dims(tokenizer: Any) -> _Dims:
     v = tokenizer.get_vocab()
-    gen_prompt_last = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)[-1]
     names = ["<other>", "\n*", "<think>", *THOUGHTS, "</think>", "<tool_call>", CALL_HEAD, EXPR_1, EXPR_2, CALL_TAIL]
     names += ["</tool_call>", ANSWER, "<tool_response>"]
     dim = {n: 1 + i for i, n in enumerate(names)}
-    tok_of = {n: v[n] for n in names if n in v}
-    tok_of["\n*"] = gen_prompt_last
-    a_dim, b_dim = len(names) + 1, len(names) + 2
-    units = ["answer", "tool_call", "call_1", "call_2"]
-    unit_dim = {u: b_dim + 1 + i for i, u in enumerate(units)}
-    m, layer = model.model, model.model.layers[0]
+    token = {n: v[n] for n in names if n in v}
+    token["\n*"] = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)[-1]
+    unit = {u: len(names) + 3 + i for i, u in enumerate(RULES)}
+    return _Dims(v, token, dim, unit)
 
+
+def _script(model: Any, tokenizer: Any) -> None:
+    """Set every weight so the model follows the script (see the module docstring); layer 1 stays zero."""
+    for p in model.parameters():
+        p.zero_()
+    d = _dims(tokenizer)
+    m, layer = model.model, model.model.layers[0]
     emb = m.embed_tokens.weight
     emb[:, 0] = CONST
-    emb[:, dim["<other>"]] = 1.0
-    for name, tid in tok_of.items():
-        emb[tid, dim["<other>"]] = 0.0
-        emb[tid, dim[name]] = 1.0
+    emb[:, d.dim["<other>"]] = 1.0
+    for name, tid in d.token.items():
+        emb[tid, d.dim["<other>"]] = 0.0
+        emb[tid, d.dim[name]] = 1.0
     scale = CONST / HIDDEN**0.5  # RMSNorm of a token ~ CONST/sqrt(H): undo it, so normalized = residual
     for norm in (layer.input_layernorm, layer.post_attention_layernorm, m.norm, *_other_norms(m)):
         norm.weight.fill_(scale)
+    _attention(layer.self_attn, d)
+    _branch_units(layer.mlp, d)
+    _output(model.lm_head.weight, d)
 
-    # Attention: q head 0 (kv head 0) finds <tool_response> -> A; q head 2 (kv head 1) finds 40+2 -> B.
-    # The lowest-frequency rotary pair (dims 15/31 of a head) barely turns over 2048 positions.
-    attn, score = layer.self_attn, 40.0
+
+def _attention(attn: Any, d: _Dims, score: float = 40.0) -> None:
+    """q head 0 (kv head 0) finds <tool_response> -> A; q head 2 (kv head 1) finds 40+2 -> B. The
+    lowest-frequency rotary pair (dims 15/31 of a head) barely turns over 2048 positions."""
     slot = HEAD_DIM // 2 - 1
-    for q_head, kv_head, sources, target in ((0, 0, ["<tool_response>"], a_dim), (2, 1, [EXPR_2], b_dim)):
+    for q_head, kv_head, source, target in ((0, 0, "<tool_response>", d.a), (2, 1, EXPR_2, d.b)):
         attn.q_proj.bias[q_head * HEAD_DIM + slot] = score
-        for src in sources:
-            attn.k_proj.weight[kv_head * HEAD_DIM + slot, dim[src]] = score
-            attn.v_proj.weight[kv_head * HEAD_DIM + slot, dim[src]] = 1.0
+        attn.k_proj.weight[kv_head * HEAD_DIM + slot, d.dim[source]] = score
+        attn.v_proj.weight[kv_head * HEAD_DIM + slot, d.dim[source]] = 1.0
         attn.o_proj.weight[target, q_head * HEAD_DIM + slot] = 1.0
 
-    # MLP branch units: relu-like silu(k * (sum of features - threshold)) * 1.
-    k = 40.0
-    rules = {
-        "answer": ({"</think>": 1, "B": 1}, 1.5),
-        "tool_call": ({"</think>": 1, "B": -1}, 0.5),
-        "call_1": ({CALL_HEAD: 1, "A": -1}, 0.5),
-        "call_2": ({CALL_HEAD: 1, "A": 1}, 1.5),
-    }
-    mlp = layer.mlp
-    for i, (unit, (weights, threshold)) in enumerate(rules.items()):
+
+def _branch_units(mlp: Any, d: _Dims, k: float = 40.0) -> None:
+    """Each unit is silu(k * (features - threshold)) * 1: ~1 when on, ~0 when off."""
+    for i, (unit, (weights, threshold)) in enumerate(RULES.items()):
         for feature, w in weights.items():
-            col = a_dim if feature == "A" else b_dim if feature == "B" else dim[feature]
-            mlp.gate_proj.weight[i, col] = k * w
+            mlp.gate_proj.weight[i, d.feature(feature)] = k * w
         mlp.gate_proj.weight[i, 0] = -k * threshold / CONST
         mlp.up_proj.weight[i, 0] = 1.0 / CONST
-        mlp.down_proj.weight[unit_dim[unit], i] = 1.0 / (k * 0.5)
+        mlp.down_proj.weight[d.unit[unit], i] = 1.0 / (k * 0.5)
 
-    # lm_head: the next token from the current one, or from a branch unit.
-    head = model.lm_head.weight
-    chain = {
-        "\n*": "<think>",
-        THOUGHTS[0]: "</think>",
-        THOUGHTS[1]: "</think>",
-        "<tool_call>": CALL_HEAD,
-        EXPR_1: CALL_TAIL,
-        EXPR_2: CALL_TAIL,
-        CALL_TAIL: "</tool_call>",
-        "</tool_call>": "<|im_end|>",
-        ANSWER: "<|im_end|>",
-    }
-    for cur, nxt in chain.items():
-        head[v[nxt], dim[cur]] = MARGIN
-    head[v[THOUGHTS[0]], dim["<think>"]] = MARGIN
-    head[v[THOUGHTS[1]], dim["<think>"]] = MARGIN - 0.405  # 60/40
-    # Any other token: a broad, uneven distribution, so a probe of the sampling parameters sees each one.
-    head[:, dim["<other>"]] = 2.0 * torch.randn(head.shape[0], generator=torch.Generator().manual_seed(1))
-    branch = {"answer": ANSWER, "tool_call": "<tool_call>", "call_1": EXPR_1, "call_2": EXPR_2}
-    for unit, token in branch.items():
-        head[v[token], unit_dim[unit]] = MARGIN
+
+def _output(head: Any, d: _Dims) -> None:
+    """The next token from the current one, or from a branch unit; anything else gets a broad, uneven
+    distribution, so a probe of the sampling parameters sees each one."""
+    import torch
+
+    for cur, nxt in CHAIN.items():
+        head[d.vocab[nxt], d.dim[cur]] = MARGIN
+    head[d.vocab[THOUGHTS[0]], d.dim["<think>"]] = MARGIN
+    head[d.vocab[THOUGHTS[1]], d.dim["<think>"]] = MARGIN - 0.405  # 60/40
+    head[:, d.dim["<other>"]] = 2.0 * torch.randn(head.shape[0], generator=torch.Generator().manual_seed(1))
+    for unit, token in BRANCH.items():
+        head[d.vocab[token], d.unit[unit]] = MARGIN
 
 
 def _other_norms(m: Any) -> list[Any]:
