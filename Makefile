@@ -26,7 +26,7 @@ test-all: $(STAMP)
 	$(BIN)/pytest -m ''
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker runtime functions tests images scripts
+	$(BIN)/ruff check broker runtime functions tests images scripts examples
 	$(BIN)/lint-imports
 	$(BIN)/mypy broker runtime functions
 

@@ -20,6 +20,7 @@ from msgspec import Meta
 
 from broker import names
 from broker.params import Sampling
+from broker.training import Trajectory, Turn
 
 RunId = Annotated[str, Meta(pattern=names.PATTERN, description=f"Run id: {names.RULE}.")]
 Name = Annotated[str, Meta(pattern=names.PATTERN, description=f"A function name (one subject token): {names.RULE}.")]
@@ -41,6 +42,7 @@ FailureKind = Literal[
     "worker_lost",  # a message spent its delivery budget without an answer (workers died)
     "cancelled",  # the user cancelled the rollout
     "internal",  # a gymbus invariant broke (a bug): reported, never scored
+    "history_changed",  # token_exact: the conversation changed before the model's last turn; cannot be spliced
 ]
 
 
@@ -67,6 +69,10 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     retry: list[FailureKind] | None = None
     """Failure kinds redelivered with backoff until the delivery budget is spent (None: the default
     policy, ``runtime.engine.retry.DEFAULT_RETRY``); the other kinds end the rollout at once."""
+    token_exact: bool = False
+    """Keep one token sequence for the whole rollout: every turn's prompt is the previous turn's prompt
+    and generation (the model's own ids, never re-tokenized) plus the tokenized new messages, sent as
+    token ids (vLLM ``/v1/completions``); the Result carries it as ``trajectory``. Implies token ids."""
     invalid_tool_calls: Literal["return_error", "fail"] = "return_error"
     """A tool call the model got wrong (unknown tool, invalid JSON, arguments failing the schema):
     ``return_error`` answers it with an error output the model reads on its next turn; ``fail`` ends
@@ -189,17 +195,6 @@ class Timings(msgspec.Struct, kw_only=True):
         return max(0.0, self.finished_at - self.submitted_at)
 
 
-class Turn(msgspec.Struct, kw_only=True):
-    """Token-level record of one model call, for on-policy training (empty unless requested)."""
-
-    prompt_token_ids: list[int] = []
-    """Token ids of the prompt as the server tokenized it."""
-    generation_token_ids: list[int] = []
-    """Token ids the model generated."""
-    generation_log_probs: list[float] = []
-    """Log-probability of each generated token."""
-
-
 class Result(Msg, frozen=True, kw_only=True, omit_defaults=False):
     """One finished rollout: a reward, or a failure with its kind. Published to ``gym.result.<run_id>``
     with every field present (``reward: null`` on a failure, ``attempt: 0``, ...)."""
@@ -236,6 +231,10 @@ class Result(Msg, frozen=True, kw_only=True, omit_defaults=False):
     """The sampling parameters actually sent to the model."""
     turns: list[Turn] = []
     """Per model call token ids and logprobs, when requested."""
+    trajectory: Trajectory | None = None
+    """The rollout as one token sequence, when ``Options.token_exact``."""
+    policy_versions: list[int] = []
+    """The policy version that served each model call (set by the trainer in the models bucket)."""
     timings: Timings = msgspec.field(default_factory=Timings)
     """Per-hop timings."""
 
@@ -282,6 +281,8 @@ class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     sampling: dict[str, Any] = {}
     turns: list[Turn] = []
+    trajectory: Trajectory | None = None
+    policy_versions: list[int] = []
     timings: Timings = msgspec.field(default_factory=Timings)
     headers: dict[str, str] = {}
     """Trace context of the rollout, propagated to every message it emits."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from broker import functions, letters, params, schemas
+from broker import functions, letters, params, schemas, training
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -52,6 +52,7 @@ WRITTEN_WHOLE: tuple[type, ...] = (
     schemas.Usage,
     schemas.Timings,
     schemas.Turn,
+    training.Trajectory,
     letters.DeadLetter,
     functions.Registration,
 )
@@ -59,7 +60,7 @@ WRITTEN_WHOLE: tuple[type, ...] = (
 
 _CLASSES: dict[str, type] = {
     name: obj
-    for module in (schemas, params, functions, letters)
+    for module in (schemas, params, functions, letters, training)
     for name, obj in vars(module).items()
     if isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__
 }

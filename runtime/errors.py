@@ -10,7 +10,8 @@
     ├── JudgeError       judge_error      a judge model's verdict was not in the expected form
     ├── Timeout          timeout          a step ran past its deadline
     │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
-    └── Cancelled        cancelled        the user cancelled the rollout
+    ├── Cancelled        cancelled        the user cancelled the rollout
+    └── HistoryChanged   history_changed  token_exact: the conversation changed before the last model turn
 
 A handler raises one of these (or the runtime wraps a foreign exception into one at its boundary:
 the model client, the tool runner, the verifier). The worker then looks the kind up in the run's
@@ -107,6 +108,14 @@ class Cancelled(GymError):
     """The rollout was cancelled."""
 
     kind = "cancelled"
+
+
+class HistoryChanged(GymError):
+    """token_exact: the conversation changed before the model's last turn (compaction, dropped
+    reasoning), so the rollout's token ids cannot be spliced; never retried (it would change again)."""
+
+    kind = "history_changed"
+    retry = False
 
 
 class Retry(Exception):

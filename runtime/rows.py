@@ -29,6 +29,10 @@ def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
     )
     if r.turns:
         row["turns"] = msgspec.to_builtins(r.turns)
+    if r.trajectory is not None:
+        row["trajectory"] = msgspec.to_builtins(r.trajectory)
+    if r.policy_versions:
+        row["policy_versions"] = r.policy_versions
     if r.failed:
         row["failure_kind"] = r.failure_kind
         row["failure_reason"] = r.failure_reason

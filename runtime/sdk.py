@@ -359,6 +359,8 @@ class AgentContext:
         s.sampling = out.sampling
         if out.turn is not None:
             s.turns.append(out.turn)
+        s.trajectory = out.trajectory or s.trajectory
+        s.policy_versions.append(out.policy_version)
         return out.items
 
 

@@ -17,6 +17,7 @@ from broker import topology
 from broker.schemas import FailureKind, Result
 from runtime.engine.janitor import Janitor
 from runtime.model.client import register
+from runtime.sdk import Agent, AgentContext, CallTools, Finish, function_calls
 from runtime.testing import Harness
 from tests import fault_suite as fs
 from tests.faulty_policy import FaultyPolicy
@@ -85,6 +86,23 @@ async def worker_lost(h: Harness) -> None:
             pass
 
 
+async def _compacting(ctx: AgentContext) -> CallTools | Finish:
+    """An agent that compacts its history (drops the first item) before its second turn."""
+    if ctx.turns_taken:
+        del ctx.items[0]
+    calls = function_calls(await ctx.respond())
+    return CallTools(calls) if calls else Finish()
+
+
+async def history_changed(h: Harness) -> None:
+    """token_exact with an agent that changes the history the last model turn covered."""
+    await h.simulate(fs.MATH_TASKS, accuracy=1.0)
+    await h.worker(Agent(name="compacting", step=_compacting))
+    await h.worker(fs.FAULTS_ENV)
+    [start] = fs.starts("kind", 1, env="faults", token_exact=True)
+    await h.submit(msgspec.structs.replace(start, agent="compacting"))
+
+
 async def _stop(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
     stop.set()
     await task
@@ -102,6 +120,7 @@ CASES: dict[FailureKind, Case] = {
     "worker_lost": worker_lost,
     "cancelled": lambda h: _fault(h, "cancel"),
     "internal": lambda h: _fault(h, "internal"),
+    "history_changed": history_changed,
 }
 
 

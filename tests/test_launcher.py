@@ -172,13 +172,15 @@ def test_vllm_command_and_client_settings_from_the_shipped_config() -> None:
 
     cfg = load_serve_config(ROOT / "configs" / "model-serve.yaml")
     cmd = " ".join(vllm_command(cfg))
-    assert cmd.startswith("vllm serve Qwen/Qwen3-0.6B --host {host} --port {port} --served-model-name {name}")
+    assert cmd.startswith("{python} -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-0.6B --host {host}")
     for flag in ("--tensor-parallel-size 1", "--generation-config vllm", "--max-model-len 8192"):
         assert flag in cmd
+    assert "--logprobs-mode processed_logprobs" in cmd and "--served-model-name {name}" in cmd
     assert "--enable-auto-tool-choice --tool-call-parser hermes" in cmd and "--reasoning-parser" not in cmd
     settings = client_settings(cfg)
     assert settings["api"] == "chat" and settings["reasoning"] == "think_tags"  # one layer: gymbus parses
     assert settings["sampling"] == {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    assert settings["logprobs_mode"] == "processed_logprobs"  # recorded with every turn's logprobs
     assert gpus(cfg) == 1
     with_parser = msgspec.structs.replace(cfg, vllm=msgspec.structs.replace(cfg.vllm, reasoning_parser="qwen3"))
     assert client_settings(with_parser)["reasoning"] == "server"  # one layer: vLLM parses

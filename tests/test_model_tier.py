@@ -17,6 +17,7 @@ import pytest
 
 from conftest import MATH_TASKS
 from runtime.model.client import register
+from runtime.model.sampling import NEUTRAL
 from runtime.model.serving import InThread
 from runtime.model.simulator import SimConfig, Simulator, load_answer_key
 from runtime.runs.stack import Process, gymbus_command
@@ -210,7 +211,7 @@ async def test_token_ids_match_the_server_byte_for_byte(harness: Harness, math_r
     first = json.loads(sim.received[0])
     assert first["return_token_ids"] is True and first["chat_template_kwargs"] == {"enable_thinking": False}
     assert first["temperature"] == 1.0 and first["top_p"] == 1.0
-    assert result.sampling == {"temperature": 1.0, "top_p": 1.0}
+    assert result.sampling == NEUTRAL  # every parameter that decides the distribution, sent and recorded
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from broker import functions, inspect, topology
 from broker.schemas import Result, encoder, result_decoder
 from broker.wireschema import schema
 from conftest import MATH_TASKS, ROOT
+from runtime.model.sampling import NEUTRAL
 from runtime.runs.collect import collect
 from runtime.runs.config import load_config
 from runtime.runs.tasks import build_start, read_tasks
@@ -103,7 +104,8 @@ async def test_a_raw_producer_gets_the_rollouts_collect_gets(harness: Harness, t
     gathered = {(r.task_index, r.rollout_index): r for r in summary.results.values()}
     assert {k: comparable(r) for k, r in raw.items()} == {k: comparable(r) for k, r in gathered.items()}
     some = next(iter(raw.values()))
-    assert some.sampling == {"temperature": 0.5, "top_p": 1.0, "max_output_tokens": 256}
+    # what was sent: the run's defaults over the neutral values of every other sampling parameter
+    assert some.sampling == {**NEUTRAL, "temperature": 0.5, "top_p": 1.0, "max_output_tokens": 256}
     assert all(r.output[0]["type"] == "function_call" for r in raw.values())  # the environment's tools
     assert {r.reward for r in raw.values()} == {0.0, 1.0}  # accuracy 0.5: both outcomes compared
 

@@ -8,6 +8,7 @@ from broker import topology
 from broker.schemas import Tools, encoder, tool_decoder
 from conftest import MATH_TASKS
 from runtime.engine.registry import register
+from runtime.model.sampling import NEUTRAL
 from runtime.sdk import load
 from runtime.testing import Harness, wait_until
 
@@ -46,7 +47,7 @@ async def test_full_rollout_with_tool_call(harness: Harness, math_rows: list[dic
     t = result.timings
     assert t.model_calls == 2 and t.tool_calls == 1 and t.hops == 4
     assert t.total_s > 0 and t.model_s > 0 and t.verify_s > 0
-    assert result.sampling == {"temperature": 1.0, "top_p": 1.0}
+    assert result.sampling == NEUTRAL  # every parameter that decides the distribution, sent and recorded
     session = await harness.session(result.session_id)
     assert session is not None and session.phase == "done" and session.result == result
 

@@ -27,7 +27,7 @@ from broker.connect import BrokerUnavailable
 from broker.denials import PermissionDenied
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import auth, authoring, inspect, run, serve
+from runtime.cli import auth, authoring, inspect, run, serve, train
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -49,6 +49,7 @@ COMMANDS: list[tuple[Callable[..., None], str]] = [
     (run.collect, "collect"),
     (run.submit, "submit"),
     (run.replay, "replay"),
+    (train.reverify, "reverify"),
     (serve.worker, "worker"),
     (serve.simulate, "simulate"),
     (serve.profiler, "profiler"),

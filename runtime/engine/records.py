@@ -116,6 +116,8 @@ def build_result(
         usage=s.usage,
         sampling=s.sampling,
         turns=s.turns,
+        trajectory=s.trajectory,
+        policy_versions=s.policy_versions,
         timings=finish_timings(s.timings),
     )
 
@@ -152,6 +154,7 @@ def fit(s: Session, limit: int) -> bytes:
         raise ContextLength(reason)
     kind, why = (s.result.failure_kind, s.result.failure_reason) if s.result and s.result.failed else (None, None)
     s.items, s.pending, s.env_state, s.turns = s.items[: s.n_input], [], {}, []
+    s.trajectory = None
     if len(session_encoder.encode(s)) > limit:
         s.items, s.n_input, s.params, s.meta = [], 0, {}, {}
     s.result = build_result(s, failure=(kind or "context_length", f"{why}; {reason}" if why else reason))

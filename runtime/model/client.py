@@ -27,30 +27,19 @@ import aiohttp
 import msgspec
 import stamina
 
-from broker.schemas import Session, Turn, Usage
+from broker.schemas import Session, Trajectory, Turn, Usage
 from runtime.errors import ContextLength, ModelError
-from runtime.model import tokens, translate
-from runtime.model.endpoints import Endpoint, Endpoints, ModelEntry, Pool, deregister, model_key, register
+from runtime.model import sampling, tokens, translate
+from runtime.model.endpoints import Api, Endpoint, Endpoints, ModelEntry, Pool, deregister, model_key, register
 
 __all__ = ["Endpoints", "ModelClient", "ModelEntry", "ModelOutput", "deregister", "model_key", "register"]
 
 log = logging.getLogger("gymbus.model")
 
-DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
+DEFAULT_SAMPLING: dict[str, Any] = sampling.NEUTRAL
 """Sent when neither the task nor the deployment says, so the server's generation config never applies."""
 
-SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_output_tokens",
-    "seed",
-    "stop",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-)
+SAMPLING_KEYS = sampling.KEYS
 SESSION_HEADER = "X-Gymbus-Session"
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "max_model_len")
 NO_ENDPOINT_WAIT_S = 30.0
@@ -66,6 +55,10 @@ class ModelOutput:
     sampling: dict[str, Any]
     turn: Turn | None = None
     finish_reason: str | None = None
+    trajectory: Trajectory | None = None
+    """The rollout's token sequence so far (token_exact)."""
+    policy_version: int = 0
+    """The policy version of the deployment that served the call."""
 
 
 class _Retryable(Exception):
@@ -111,19 +104,22 @@ class ModelClient:
         pool = await self.endpoints.pool(session.model)
         await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # replicas may be (re)starting
         entry = pool.entry
-        sampling = {
-            **DEFAULT_SAMPLING,
-            **entry.sampling,
-            **{k: params[k] for k in SAMPLING_KEYS if k in params},
-        }
-        body = {**params, **sampling, "model": params.get("model") or session.model, "input": items, "store": False}
+        sent = sampling.resolve(entry.sampling, params)
+        body = {k: v for k, v in params.items() if k not in SAMPLING_KEYS}
+        body.update(sent, model=params.get("model") or session.model, input=items, store=False)
         if session.options.chat_template_kwargs:
             body["chat_template_kwargs"] = session.options.chat_template_kwargs
+        if session.options.token_exact:
+            from runtime.model import exact  # the token-exact path: /tokenize and /completions
+
+            reply, exact_turn, trajectory = await exact.call(self, pool, body, session)
+            items_out, usage, finish, _ = _finish(reply, exact_turn)
+            return ModelOutput(items_out, usage, sent, exact_turn, finish, trajectory, entry.policy_version)
         want_ids = session.options.return_token_ids
         if want_ids and entry.api == "responses":
             raise ModelError(f"model {session.model!r}: token ids need Chat Completions, but its api is 'responses'")
         items_out, usage, finish, turn = await self._with_retries(pool, body, session.session_id, want_ids)
-        return ModelOutput(items_out, usage, sampling, turn, finish)
+        return ModelOutput(items_out, usage, sent, turn, finish, policy_version=entry.policy_version)
 
     async def _with_retries(
         self, pool: Pool, body: dict[str, Any], sid: str, want_ids: bool
@@ -181,27 +177,73 @@ class ModelClient:
     async def _attempt(
         self, ep: Endpoint, entry: ModelEntry, body: dict[str, Any], sid: str, want_ids: bool
     ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
-        api = "chat" if want_ids else (ep.api or entry.api)
         try:
-            if api in ("auto", "responses"):
-                try:
-                    resp = await self._post(ep.url, "/responses", _responses_body(body), sid, entry.timeout_s)
-                except _Unsupported:
-                    if api == "responses":
-                        raise ModelError(f"{ep.url} does not serve /responses (api: responses)") from None
-                    log.info("model endpoint %s has no /responses; using /chat/completions", ep.url)
-                    ep.api = "chat"
-                else:
-                    ep.api = "responses"
-                    return _finish(translate.responses_output(resp, entry.reasoning), None)
+            if not want_ids and await self._responses_first(ep, entry):
+                reply = await self._responses(ep, entry, body, sid)
+                if reply is not None:
+                    return _finish(reply, None)
             chat_body = translate.request_to_chat(body, entry.reasoning)
             if want_ids:
                 chat_body.update(tokens.REQUEST_FIELDS)
             resp = await self._post(ep.url, "/chat/completions", chat_body, sid, entry.timeout_s)
             reply = translate.chat_to_output(resp, entry.reasoning)
-            return _finish(reply, tokens.turn_from_chat(resp) if want_ids else None)
+            turn = None
+            if want_ids:
+                turn = tokens.turn_from_chat(resp)
+                turn.logprobs_mode = await self.logprobs_mode(ep, entry, body["model"])
+                turn.constrained = tokens.constrained(body)
+            return _finish(reply, turn)
         except translate.ReasoningConflict as exc:
             raise ModelError(f"{ep.url}: {exc}") from exc
+
+    async def _responses_first(self, ep: Endpoint, entry: ModelEntry) -> bool:
+        """Whether to call ``/responses``: the api says so, or (``auto``) the replica serves it, which is
+        asked once per replica and process however many calls are in flight (`_probe_api`)."""
+        if entry.api != "auto":
+            return entry.api == "responses"
+        if ep.api is None:
+            task = ep.facts.get("api")
+            if task is None or (task.done() and task.exception() is not None):  # a failed probe is asked again
+                task = ep.facts["api"] = asyncio.create_task(self._probe_api(ep.url, entry.timeout_s))
+            ep.api = await asyncio.shield(task)
+        return ep.api == "responses"
+
+    async def _probe_api(self, url: str, timeout_s: float) -> Api:
+        """``POST /responses`` with an empty body: a server with the route rejects the body (4xx) or
+        answers; one without says 404/405/501. Nothing is generated."""
+        timeout = aiohttp.ClientTimeout(total=min(timeout_s, 30.0))
+        async with self._http().post(f"{url}/responses", data=b"{}", headers=_JSON, timeout=timeout) as resp:
+            await resp.read()
+            if resp.status in (404, 405, 501):
+                log.info("model endpoint %s has no /responses; using /chat/completions", url)
+                return "chat"
+            if resp.status >= 500:
+                raise _Retryable(f"HTTP {resp.status} probing {url}/responses")
+            return "responses"
+
+    async def _responses(
+        self, ep: Endpoint, entry: ModelEntry, body: dict[str, Any], sid: str
+    ) -> translate.Reply | None:
+        """One call on ``/responses``; None when the replica has none (then it is Chat from now on)."""
+        try:
+            resp = await self._post(ep.url, "/responses", _responses_body(body, entry), sid, entry.timeout_s)
+        except _Unsupported:
+            if entry.api == "responses":
+                raise ModelError(f"{ep.url} does not serve /responses (api: responses)") from None
+            log.info("model endpoint %s has no /responses; using /chat/completions", ep.url)
+            ep.api = "chat"
+            return None
+        ep.api = "responses"
+        return translate.responses_output(resp, entry.reasoning)
+
+    async def logprobs_mode(self, ep: Endpoint, entry: ModelEntry, model: str) -> str:
+        """Which logprobs this replica returns: as its deployment says, else probed once per process."""
+        if entry.logprobs_mode:
+            return entry.logprobs_mode
+        task = ep.facts.get("logprobs_mode")
+        if task is None:
+            task = ep.facts["logprobs_mode"] = asyncio.create_task(sampling.logprobs_mode(self._http(), ep.url, model))
+        return str(await asyncio.shield(task))
 
     async def _post(self, url: str, route: str, body: dict[str, Any], sid: str, timeout_s: float) -> dict[str, Any]:
         timeout = self._timeouts.get(timeout_s)
@@ -265,8 +307,8 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def _responses_body(body: dict[str, Any]) -> dict[str, Any]:
-    return {**body, "input": translate.strip_training(body["input"])}
+def _responses_body(body: dict[str, Any], entry: ModelEntry) -> dict[str, Any]:
+    return {**body, "input": translate.responses_input(body["input"], entry.reasoning)}
 
 
 def _finish(reply: translate.Reply, turn: Turn | None) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:

@@ -63,6 +63,13 @@ class ModelEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Calls in flight per replica, per worker process; more wait for a slot."""
     sampling: dict[str, Any] = {}
     """Deployment defaults for sampling parameters the task does not set (e.g. vLLM's neutral ``top_k``)."""
+    logprobs_mode: str = ""
+    """Which logprobs the servers return (vLLM ``--logprobs-mode``, set by ``gymbus model serve``);
+    "" makes the client probe each replica once (see `runtime.model.sampling`)."""
+    end_of_turn: str = "<|im_end|>"
+    """The token that ends a model turn in the chat template (token_exact splices after it)."""
+    policy_version: int = 0
+    """The policy version these endpoints serve (set by a trainer); recorded for every model call."""
     written_by: str = ""
     """Who registered this deployment (``gymbus collect``, ``gymbus model serve``, ...), for `gymbus status`."""
     written_at: float = 0.0
@@ -123,6 +130,8 @@ class Endpoint:
     cooldown_s: float = 0.5
     api: Api | None = None
     """The wire format probed for it (``auto`` deployments)."""
+    facts: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+    """What was asked of this replica once per process (logprobs mode, end-of-turn token id)."""
     last_error: str = ""
 
     @property

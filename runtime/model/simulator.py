@@ -42,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.items import last_user_text
+from runtime.model import simulated_tokens
 from runtime.model.policy import AnswerBook
 from runtime.model.serving import bind, server
 from runtime.telemetry import tracing
@@ -69,6 +70,10 @@ class SimConfig:
     """Never answer a generation request (a stuck replica)."""
     max_prompt_tokens: int = 0
     """Reject a longer prompt (in its toy tokens) with vLLM's 400 context-length error (0: no limit)."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """Which logprobs ``/v1/completions`` returns (as vLLM's ``--logprobs-mode``; see simulated_tokens)."""
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    """Sampling values applied when a completions request leaves them out (a model's generation config)."""
 
 
 THOUGHT = "Let me work through this step by step."
@@ -223,10 +228,12 @@ class Simulator:
         return f"call_{self.calls:08d}_{k}" if k else f"call_{self.calls:08d}"
 
     async def responses(self, request: Request) -> Response:
+        body = await request.json()
+        if "input" not in body:  # as vLLM: a body without input is rejected before anything runs
+            return JSONResponse({"error": {"message": "Field required: input", "code": 400}}, 400)
         fault = await self._fault(request)
         if fault is not None:
             return fault
-        body = await request.json()
         items = body.get("input", [])
         sid = request.headers.get(SESSION_HEADER, "")
         said = await self.decide(items, body.get("tools") or [], sid, body.get("model", ""))
@@ -251,6 +258,9 @@ class Simulator:
             thought = [{"type": "reasoning_text", "text": THOUGHT}]
             output.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "content": thought})
         if "tools" in said:
+            if think == "tags":  # the thought before a call is text, as the chat path writes it
+                said_text = [{"type": "output_text", "text": f"<think>{THOUGHT}</think>", "annotations": []}]
+                output.append({"type": "message", "role": "assistant", "status": "completed", "content": said_text})
             return output + [
                 {"type": "function_call", "id": f"fc_{n}_{k}" if k else f"fc_{n}", "call_id": self._call_id(k)}
                 | {"name": name, "arguments": json.dumps(args), "status": "completed"}
@@ -357,6 +367,7 @@ class Simulator:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models),
                 Route("/health", self.health),
+                *simulated_tokens.routes(self),
             ]
         )
         tracing.instrument_app(app)  # server spans continue the model call's trace, as vLLM's would

@@ -67,3 +67,11 @@ def attach(items: list[dict[str, Any]], turn: Turn) -> None:
             generation_token_ids=turn.generation_token_ids,
             generation_log_probs=turn.generation_log_probs,
         )
+
+
+def constrained(body: dict[str, Any]) -> bool:
+    """Whether a request forces its output (a grammar masks the distribution the server samples from)."""
+    choice = body.get("tool_choice")
+    forced_tool = choice == "required" or isinstance(choice, dict)
+    fmt = ((body.get("text") or {}).get("format") or {}).get("type")
+    return forced_tool or fmt in ("json_schema", "json_object")

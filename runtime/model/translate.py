@@ -134,6 +134,33 @@ def strip_training(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in i.items() if k not in TRAINING_KEYS} if _has_training(i) else i for i in items]
 
 
+def responses_input(items: list[dict[str, Any]], reasoning: ReasoningMode = "server") -> list[dict[str, Any]]:
+    """The conversation as a ``/v1/responses`` input: without token-level keys, and in ``think_tags``
+    mode with each thought back inside the assistant text as ``<think>…</think>``, as the model wrote
+    it (a reasoning item reaches the model only if its chat template renders a reasoning field; the
+    Chat path does the same in `items_to_messages`)."""
+    items = strip_training(items)
+    if reasoning != "think_tags" or not any(i.get("type") == "reasoning" for i in items):
+        return items
+    out: list[dict[str, Any]] = []
+    thought: str | None = None
+    for item in items:
+        if item.get("type") == "reasoning":
+            thought = (thought or "") + reasoning_text(item)
+            continue
+        if thought is not None:
+            said = f"{THINK_OPEN}{thought}{THINK_CLOSE}"
+            if item.get("type", "message") == "message" and item.get("role") == "assistant":
+                item = message_item(said + text_of(item.get("content")))
+            else:
+                out.append(message_item(said))
+            thought = None
+        out.append(item)
+    if thought is not None:
+        out.append(message_item(f"{THINK_OPEN}{thought}{THINK_CLOSE}"))
+    return out
+
+
 def _has_training(item: dict[str, Any]) -> bool:
     return any(k in item for k in TRAINING_KEYS)
 

@@ -7,6 +7,7 @@ Every worker calling a model name reads its one entry, so whoever registers it (
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -15,8 +16,11 @@ import aiohttp
 from nats.js import JetStreamContext
 
 from runtime.errors import InputError
+from runtime.model import sampling
 from runtime.model.endpoints import register
 from runtime.runs.config import ModelConfig
+
+log = logging.getLogger("gymbus.models")
 
 CHECK_TIMEOUT_S = 5.0
 SIMULATOR_OWNER = "gymbus-simulated-policy"
@@ -48,7 +52,16 @@ async def check_endpoints(urls: list[str], model: str) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
         for url in urls:
             owners |= await _check_one(http, url, model)
-    return {"endpoints": urls, "simulated_policy": owners == {SIMULATOR_OWNER} if owners else None}
+        probes = {url: await sampling.probe(http, url, model, CHECK_TIMEOUT_S) for url in urls}
+    for url, found in probes.items():
+        for warning in found.warnings(url):
+            log.warning(warning)
+    return {
+        "endpoints": urls,
+        "simulated_policy": owners == {SIMULATOR_OWNER} if owners else None,
+        "sampling_overridden": {url: p.overridden for url, p in probes.items() if p.overridden},
+        "logprobs_mode": {url: p.logprobs_mode for url, p in probes.items()},
+    }
 
 
 def _why(exc: BaseException) -> str:
