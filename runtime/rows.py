@@ -29,6 +29,8 @@ def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
     )
     if r.turns:
         row["turns"] = msgspec.to_builtins(r.turns)
+    if r.agent_info:
+        row["agent_info"] = r.agent_info
     if r.failed:
         row["failure_kind"] = r.failure_kind
         row["failure_reason"] = r.failure_reason
@@ -48,6 +50,7 @@ class _Row(msgspec.Struct, kw_only=True):
     failure_kind: FailureKind | None = None
     failure_reason: str | None = None
     verifier: dict[str, Any] = {}
+    agent_info: dict[str, Any] = {}
     timings: dict[str, Any] = {}
     response: dict[str, Any] = {}
 
@@ -75,6 +78,7 @@ def result_from_row(row: dict[str, Any]) -> Result:
         failure_kind=r.failure_kind,
         failure_reason=r.failure_reason,
         verifier=r.verifier,
+        agent_info=r.agent_info,
         output=r.response.get("output") or [],
         usage=msgspec.convert(r.response.get("usage") or {}, Usage),
         timings=msgspec.convert({k: v for k, v in r.timings.items() if k != "total_s"}, Timings),

@@ -115,6 +115,7 @@ def build_result(
         usage=s.usage,
         sampling=s.sampling,
         turns=s.turns,
+        agent_info=s.agent_info,
         timings=finish_timings(s.timings),
     )
 

@@ -10,6 +10,12 @@ never by the last user message, which multi-turn agents change. A call for anoth
 policy (a judge) gets the reference's judge answer for what the policy played in that rollout.
 
 Rows whose environment gives no reference fall back to the simulator's answer key (runtime/model/simulator.py).
+
+Models an agent calls besides the policy are played by their role (``plays``, name -> role): a
+``user_simulator`` says a fixed, task-independent script (``SIMULATED_USER``: a follow-up, then
+``USER_STOP``), its turn counted from its own earlier turns in the request; a ``tool_simulator``
+answers every call with a fixed simulated output; a ``summarizer`` with a fixed summary. None of
+these is a model: they exist so that agents' loops run end to end in tests and demos.
 """
 
 from __future__ import annotations
@@ -37,6 +43,17 @@ class Play:
     calls: tuple[Call, ...] = ()
 
 
+USER_STOP = "###STOP###"
+"""How the simulated user ends a conversation (user_sim_agent's default stop signal)."""
+SIMULATED_USER = (
+    "Thanks. Are you sure? Please check it once more and give me your final answer again.",
+    f"Great, that is all I needed. {USER_STOP}",
+)
+SIMULATED_TOOL_OUTPUT = '{"status": "ok", "note": "simulated tool output"}'
+SIMULATED_SUMMARY = "Summary of the conversation so far: the task was stated and worked on; nothing is settled yet."
+ROLES = ("judge", "user_simulator", "tool_simulator", "summarizer")
+
+
 @dataclass
 class Row:
     index: int
@@ -44,6 +61,7 @@ class Row:
     env: str | None
     first_user: str
     input_turns: int
+    input_users: int = 1
 
 
 def first_user_text(items: Any) -> str:
@@ -84,6 +102,8 @@ class AnswerBook:
     seed: int = 0
     known: dict[str, Any] = field(default_factory=dict)
     """Environments by name that need not be under functions/ (``gymbus check module:OBJECT``)."""
+    plays: dict[str, str] = field(default_factory=dict)
+    """Named models it plays by role (user_simulator, tool_simulator, summarizer); others are judges."""
     _by_first: dict[str, int] = field(default_factory=dict)
     _refs: dict[tuple[int, int], Reference | None] = field(default_factory=dict)
 
@@ -106,7 +126,7 @@ class AnswerBook:
 
     def add(self, row: dict[str, Any], items: Any, env: str | None) -> None:
         routed = _env_of(row, env)
-        entry = Row(len(self.rows), row, routed, first_user_text(items), assistant_turns(items))
+        entry = Row(len(self.rows), row, routed, first_user_text(items), assistant_turns(items), user_turns(items))
         self.rows.append(entry)
         self._by_first.setdefault(entry.first_user, entry.index)
 
@@ -145,6 +165,9 @@ class AnswerBook:
         """The reference's turn for this conversation, or None when its task has no reference. A call
         for a model that is neither the policy nor the task's own ``model`` is a judge's."""
         task = self.find(session, items, by_session=True)
+        role = self.plays.get(model)
+        if role in ("user_simulator", "tool_simulator", "summarizer"):
+            return self.stand_in(role, task, items)
         asked = {policy, (task.row.get("responses_create_params") or {}).get("model") if task else None}
         judging = bool(model) and model not in asked
         row = task if judging else self.find(session, items)
@@ -153,6 +176,17 @@ class AnswerBook:
             return None
         correct = self.correct(row, session, accuracy)
         return self.judge(row, ref, correct, items) if judging else self.play(row, ref, correct, items)
+
+    def stand_in(self, role: str, task: Row | None, items: Any) -> Play:
+        """What a simulated user, tool or summarizer says (see the module docstring)."""
+        if role == "tool_simulator":
+            return Play(text=SIMULATED_TOOL_OUTPUT)
+        if role == "summarizer":
+            return Play(text=SIMULATED_SUMMARY)
+        # the user simulator sees the dialogue from its side: its own turns (the task's opening
+        # included) are the assistant's
+        said = _assistant_messages(items) - (task.input_users if task else 1)
+        return Play(text=SIMULATED_USER[min(max(said, 0), len(SIMULATED_USER) - 1)])
 
     def task_prompt(self, items: Any, session: str) -> str | None:
         """The task's own prompt (its input's last user message) when the session's task is known, so
@@ -168,6 +202,19 @@ class AnswerBook:
         if callable(ref.judge):
             return Play(text=ref.judge(correct, [] if isinstance(items, str) else list(items)))
         return Play(text=ref.judge[correct])
+
+
+def user_turns(items: Any) -> int:
+    """User messages in a conversation (the whole input counts as one when it is a string)."""
+    if isinstance(items, str):
+        return 1
+    return sum(1 for i in items or [] if isinstance(i, dict) and i.get("role") == "user")
+
+
+def _assistant_messages(items: Any) -> int:
+    if isinstance(items, str):
+        return 0
+    return sum(1 for i in items or [] if isinstance(i, dict) and i.get("role") == "assistant")
 
 
 def _task_index(session: str) -> int | None:

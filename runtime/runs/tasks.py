@@ -75,15 +75,16 @@ def build_start(
         params = {**cfg.sampling, **params}
         if tool_specs and "tools" not in params:
             params["tools"] = tool_specs
+    agent = task.agent or cfg.agent
     return Start(
         run_id=run_id,
         task_index=task.index,
         rollout_index=rollout,
         attempt=attempt,
-        agent=task.agent or cfg.agent,
+        agent=agent,
         env=task.env or cfg.env,
         model=cfg.model.name,
         responses_create_params=params,  # type: ignore[arg-type]  # a wrong type fails at the agent, naming the field
         meta=meta,
-        options=cfg.limits.options(),
+        options=cfg.options() if agent == cfg.agent else cfg.limits.options(),  # agent_options are the run agent's
     )
