@@ -14,8 +14,10 @@ Rows whose environment gives no reference fall back to the simulator's answer ke
 Models an agent calls besides the policy are played by their role (``plays``, name -> role): a
 ``user_simulator`` says a fixed, task-independent script (``SIMULATED_USER``: a follow-up, then
 ``USER_STOP``), its turn counted from its own earlier turns in the request; a ``tool_simulator``
-answers every call with a fixed simulated output; a ``summarizer`` with a fixed summary. None of
-these is a model: they exist so that agents' loops run end to end in tests and demos.
+answers every call with a fixed simulated output; a ``summarizer`` with a fixed summary saying how
+many model turns (its request's assistant messages) it stands for, which the policy's turn count
+adds, so a compacted conversation is played on where it was. None of these is a model: they exist
+so that agents' loops run end to end in tests and demos.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +53,8 @@ SIMULATED_USER = (
     f"Great, that is all I needed. {USER_STOP}",
 )
 SIMULATED_TOOL_OUTPUT = '{"status": "ok", "note": "simulated tool output"}'
-SIMULATED_SUMMARY = "Summary of the conversation so far: the task was stated and worked on; nothing is settled yet."
+SIMULATED_SUMMARY = "Summary (simulated, not a model's): {turns} earlier model turns, nothing of them kept."
+_SUMMARIZED = re.compile(r"Summary \(simulated, not a model's\): (\d+) earlier model turns")
 ROLES = ("judge", "user_simulator", "tool_simulator", "summarizer")
 
 
@@ -154,7 +158,7 @@ class AnswerBook:
     def play(self, row: Row, ref: Reference, correct: bool, items: Any) -> Play:
         """The turn of the script this conversation is at (past its end: the last text, or 'done')."""
         script = ref.script(correct)
-        turn = assistant_turns(items) - row.input_turns
+        turn = assistant_turns(items) - row.input_turns + summarized(items)
         if turn < len(script):
             now = script[turn]
             return Play(text=now) if isinstance(now, str) else Play(calls=now)
@@ -181,8 +185,8 @@ class AnswerBook:
         """What a simulated user, tool or summarizer says (see the module docstring)."""
         if role == "tool_simulator":
             return Play(text=SIMULATED_TOOL_OUTPUT)
-        if role == "summarizer":
-            return Play(text=SIMULATED_SUMMARY)
+        if role == "summarizer":  # it says how many model turns it covers, so play goes on from there
+            return Play(text=SIMULATED_SUMMARY.format(turns=_assistant_messages(items) + summarized(items)))
         # the user simulator sees the dialogue from its side: its own turns (the task's opening
         # included) are the assistant's
         said = _assistant_messages(items) - (task.input_users if task else 1)
@@ -209,6 +213,14 @@ def user_turns(items: Any) -> int:
     if isinstance(items, str):
         return 1
     return sum(1 for i in items or [] if isinstance(i, dict) and i.get("role") == "user")
+
+
+def summarized(items: Any) -> int:
+    """Model turns that the simulated summarizer's summaries in this conversation stand for."""
+    if isinstance(items, str):
+        return 0
+    texts = (message_text(i) for i in items or [] if isinstance(i, dict) and i.get("role") in ("user", "system"))
+    return sum(int(n) for text in texts for n in _SUMMARIZED.findall(text))
 
 
 def _assistant_messages(items: Any) -> int:
