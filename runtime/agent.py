@@ -90,6 +90,8 @@ class SessionView:
     """The rewards the environment's tools recorded so far, in order (games)."""
     terminated: bool = False
     """The environment said its episode is over (a game won or lost)."""
+    step: int = 0
+    """The session's step counter: the transition this step will commit is ``step + 1``."""
 
 
 class AgentContext:
@@ -120,6 +122,7 @@ class AgentContext:
             usage=session.usage,
             step_rewards=tuple(step_rewards(session.env_state)),
             terminated=terminated(session.env_state),
+            step=session.step,
         )
 
     @property
@@ -168,11 +171,14 @@ class AgentContext:
         self._session.items.extend(out.items)
         return out.items
 
-    async def call(self, items: list[dict[str, Any]], **overrides: Any) -> ModelOutput:
-        """Call the policy with ``items`` as its input (a harness's own conversation) and the task's
-        create body under ``overrides``; counted as a turn (usage, token ids), appended nowhere."""
+    async def call(
+        self, items: list[dict[str, Any]], params: Mapping[str, Any] | None = None, **overrides: Any
+    ) -> ModelOutput:
+        """Call the policy with ``items`` as its input (a harness's own conversation) and ``params`` (by
+        default the task's create body) under ``overrides``; counted as a turn (usage, token ids),
+        appended nowhere."""
         s = self._session
-        out = await self._respond(items, {**s.params, **overrides}, s)
+        out = await self._respond(items, {**(s.params if params is None else params), **overrides}, s)
         s.turns_taken += 1
         s.usage = Usage(
             input_tokens=s.usage.input_tokens + out.usage.input_tokens,

@@ -67,6 +67,12 @@ def bound(js: JetStreamContext, session: Session, respond: Any = None) -> Iterat
         _BOUND.reset(token)
 
 
+def current_js() -> JetStreamContext | None:
+    """The broker of the step, verifier or tool the runtime is running now (None outside one)."""
+    binding = _BOUND.get()
+    return binding.js if binding is not None else None
+
+
 @dataclass(frozen=True)
 class Model:
     """A named model an environment calls (see the module docstring)."""
