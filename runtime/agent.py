@@ -258,7 +258,9 @@ class Agent:
             try:
                 self._configs[key] = msgspec.convert(options, self.config)
             except msgspec.ValidationError as exc:
-                raise InvalidInput(f"agent {self.name!r}: {str(exc).replace('`$', '`$.agent_options', 1)}") from exc
+                why = str(exc)
+                why = why.replace("`$", "`$.agent_options", 1) if "`$" in why else f"{why} - at `$.agent_options`"
+                raise InvalidInput(f"agent {self.name!r}: {why}") from exc
         return self._configs[key]
 
     def models_for(self, config: Any) -> list[Model]:

@@ -31,7 +31,7 @@ def check_fit(
     try:
         config = agent.config_of(options.agent_options)
     except InvalidInput as exc:
-        raise InputError(f"agent_options: {exc.reason} (the agent's settings in the run config)") from None
+        raise InputError(f"{exc.reason} (agent_options in the run config)") from None
     runnable = [t for t in tasks if t.row is not None and not t.error]
     mine = {t.env or cfg.env for t in runnable if (t.agent or cfg.agent) == agent.name}
     fit = Fit(
