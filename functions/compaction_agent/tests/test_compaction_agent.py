@@ -105,10 +105,11 @@ def test_token_exact_is_refused_by_design() -> None:
 
 
 async def test_a_start_asking_for_token_exact_fails_as_invalid_input() -> None:
-    ids = {"session_id": "r.0.0", "run_id": "r", "task_index": 0, "agent": "compaction_agent", "env": "e"}
-    s = Session(**ids, model="policy", step=1, phase="model", params={}, options=WithTokenExact(token_exact=True))
+    s = Session(session_id="r.0.0", run_id="r", task_index=0, agent="compaction_agent", env="e", model="policy",
+                step=1, phase="model", params={})  # fmt: skip
+    s.options = WithTokenExact(token_exact=True)
 
-    async def never(*_: Any) -> Any:
+    async def never(items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> Any:
         raise AssertionError("no model call may be made")
 
     with pytest.raises(InvalidInput, match="cannot run with token_exact"):
