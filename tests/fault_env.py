@@ -8,6 +8,7 @@
     huge        calculator   returns GYMBUS_FAULTS_HUGE_MIB (9) MiB         context_length
     cancel      calculator   raises Cancelled                               cancelled
     internal    calculator   raises a bare GymError (a gymbus bug)          internal
+    sandbox     calculator   runs code in a sandbox that cannot start       sandbox_error
 
 A test double, not a shipped environment: serve it with ``gymbus worker tests.fault_env:ENVIRONMENT``.
 """
@@ -22,6 +23,7 @@ import msgspec
 from functions.math.env import calculator as math_calculator
 from functions.math.env import verify as math_verify
 from runtime.errors import Cancelled, GymError
+from runtime.sandbox import Sandbox, SandboxConfig
 from runtime.sdk import Context, Environment, Rollout, Task, Verdict, tool
 
 
@@ -46,6 +48,8 @@ async def calculator(ctx: Context[Meta], expression: str) -> str:
             raise Cancelled("the user cancelled this rollout")
         case "internal":
             raise GymError("an invariant broke")
+        case "sandbox":  # an interpreter that is not there: the sandbox, not the code, failed
+            await Sandbox(SandboxConfig(python="/nonexistent/python3", allow_same_uid=True)).run("print(1)")
     return await math_calculator(expression)
 
 
