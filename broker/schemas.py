@@ -43,6 +43,9 @@ FailureKind = Literal[
     "cancelled",  # the user cancelled the rollout
     "internal",  # a gymbus invariant broke (a bug): reported, never scored
     "history_changed",  # token_exact: the conversation changed before the model's last turn; cannot be spliced
+    "user_sim_error",  # the agent's user simulator model failed past its retries, or answered unusably
+    "tool_sim_error",  # the agent's tool simulator (a model, or recorded outputs) could not answer a call
+    "harness_error",  # the harness command an agent runs exited with an error
 ]
 
 
@@ -77,6 +80,9 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     """A tool call the model got wrong (unknown tool, invalid JSON, arguments failing the schema):
     ``return_error`` answers it with an error output the model reads on its next turn; ``fail`` ends
     the rollout with ``invalid_input`` naming the call."""
+    agent_options: dict[str, Any] = {}
+    """The agent's own settings (the run config's ``agent_options``), checked against the agent's
+    ``config`` type before the run starts (e.g. ``{"max_corrections": 2}``)."""
 
 
 class Start(Msg, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -235,6 +241,9 @@ class Result(Msg, frozen=True, kw_only=True, omit_defaults=False):
     """The rollout as one token sequence, when ``Options.token_exact``."""
     policy_versions: list[int] = []
     """The policy version that served each model call (set by the trainer in the models bucket)."""
+    agent_info: dict[str, Any] = {}
+    """What the agent reports (refinement attempts, compactions, harness runs, the episode of a step
+    loop) and the token usage of the models it called besides the policy (``models``)."""
     timings: Timings = msgspec.field(default_factory=Timings)
     """Per-hop timings."""
 
@@ -276,6 +285,14 @@ class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The environment's own state, committed with each step."""
     agent_state: dict[str, Any] = {}
     """The agent's own state, committed with each step."""
+    agent_info: dict[str, Any] = {}
+    """What the agent reports, copied into the Result (``Result.agent_info``)."""
+    checking: bool = False
+    """The verify phase scores a draft for the agent (its ``Check`` action), not the final answer."""
+    check_until: float | None = None
+    """A check reaching this reward ends the rollout with it (None: the environment's maximum)."""
+    checks: list[dict[str, Any]] = []
+    """The verdicts of the agent's checks so far, in order: ``{"reward": r, "info": {...}}``."""
     turns_taken: int = 0
     """Agent turns (model calls) taken."""
     usage: Usage = msgspec.field(default_factory=Usage)

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from broker.schemas import Options, Result, Start
-from runtime.errors import InputError
+from runtime.errors import InputError, InvalidInput
 from runtime.model.client import register
 from runtime.routing import route
 from runtime.sdk import Agent, Environment, load
@@ -99,7 +99,7 @@ async def check(ref: str, tasks: Path | None = None, *, agent: str | None = None
     started = loop.time()
     with tempfile.TemporaryDirectory(prefix="gymbus-check-") as tmp:
         async with Harness(Path(tmp) / "broker") as h:
-            await h.simulate(path, env=env, accuracy=1.0)
+            await h.simulate(path, env=env, accuracy=1.0, plays=_plays(through))
             assert h.sim is not None and h.model_url is not None
             for model in env.models:
                 await register(h.js, model.name, [h.model_url])
@@ -114,6 +114,15 @@ async def check(ref: str, tasks: Path | None = None, *, agent: str | None = None
     for i in range(len(rows)):
         report.tasks.append(_judge(env, TaskCheck(i, right.get(i), wrong.get(i))))
     return report
+
+
+def _plays(agent: Agent | None) -> dict[str, str]:
+    """The agent's other models (user, tool simulators) with its default settings, for the simulator to play."""
+    try:
+        models = agent.models_for(agent.config_of({})) if agent is not None else []
+    except InvalidInput:
+        models = []
+    return {m.name: m.role for m in models if m.role != "judge"}
 
 
 def _load_agent(ref: str) -> Agent:

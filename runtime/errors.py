@@ -11,7 +11,10 @@
     ├── Timeout          timeout          a step ran past its deadline
     │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
     ├── Cancelled        cancelled        the user cancelled the rollout
-    └── HistoryChanged   history_changed  token_exact: the conversation changed before the last model turn
+    ├── HistoryChanged   history_changed  token_exact: the conversation changed before the last model turn
+    ├── UserSimError     user_sim_error   an agent's user simulator model failed
+    ├── ToolSimError     tool_sim_error   an agent's tool simulator could not answer a call
+    └── HarnessError     harness_error    the harness command an agent runs failed
 
 A handler raises one of these (or the runtime wraps a foreign exception into one at its boundary:
 the model client, the tool runner, the verifier). The worker then looks the kind up in the run's
@@ -116,6 +119,25 @@ class HistoryChanged(GymError):
 
     kind = "history_changed"
     retry = False
+
+
+class UserSimError(GymError):
+    """The model playing the user (an agent's user simulator) failed past its retries, or answered
+    unusably: the conversation cannot go on, and nothing about the policy was learnt."""
+
+    kind = "user_sim_error"
+
+
+class ToolSimError(GymError):
+    """The tool simulator (a model, or the task's recorded outputs) could not answer a tool call."""
+
+    kind = "tool_sim_error"
+
+
+class HarnessError(GymError):
+    """The harness command an agent runs exited with an error (or could not be started)."""
+
+    kind = "harness_error"
 
 
 class Retry(Exception):

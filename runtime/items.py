@@ -48,3 +48,21 @@ def last_user_text(items: str | list[dict[str, Any]]) -> str:
         if item.get("role") == "user" and item.get("type", "message") == "message":
             return message_text(item).strip()
     return ""
+
+
+MARK = "gymbus"
+"""The key under which gymbus marks an item it made or attributes to a model other than the policy (a
+user simulator's turn, a simulated tool output, a verifier's feedback, a compaction): ``{"source":
+NAME, ...}``. Kept in the transcript, never sent to a model server."""
+
+
+def mark(item: dict[str, Any], source: str, **details: Any) -> dict[str, Any]:
+    """``item`` marked as made by ``source`` (a model's name, ``recorded``, ``verifier``, ...); returned."""
+    item[MARK] = {"source": source, **details}
+    return item
+
+
+def source_of(item: dict[str, Any]) -> str | None:
+    """Who made the item, when gymbus marked it (None: the task's input, the policy or a tool)."""
+    marked = item.get(MARK)
+    return marked.get("source") if isinstance(marked, dict) else None

@@ -1,4 +1,4 @@
-"""Named models an environment calls itself (judges, reward models), through the model tier.
+"""Named models an environment or an agent calls itself (judges, user and tool simulators), through the model tier.
 
     JUDGE = Model("judge", fleet_limit=8)          # module level, next to the Environment
     verdict = await JUDGE.ask(prompt)              # inside verify (or a tool): the reply's text
@@ -24,7 +24,7 @@ import os
 import random
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from nats.js import JetStreamContext
@@ -32,9 +32,16 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
 
 from broker.schemas import Options, Session
+from runtime.errors import ContextLength, GymError, ModelError, ToolSimError, UserSimError
 from runtime.items import message_text
 
 SEMAPHORES = "semaphores"
+
+Role = Literal["judge", "user_simulator", "tool_simulator", "summarizer"]
+"""What a named model is for: it decides the failure kind of a call that fails (a user or tool
+simulator's own kind; ``model_error`` otherwise) and what the simulated policy plays for it."""
+
+_ROLE_ERRORS: dict[str, type[GymError]] = {"user_simulator": UserSimError, "tool_simulator": ToolSimError}
 
 
 @dataclass
@@ -60,6 +67,12 @@ def bound(js: JetStreamContext, session: Session, respond: Any = None) -> Iterat
         _BOUND.reset(token)
 
 
+def current_js() -> JetStreamContext | None:
+    """The broker of the step, verifier or tool the runtime is running now (None outside one)."""
+    binding = _BOUND.get()
+    return binding.js if binding is not None else None
+
+
 @dataclass(frozen=True)
 class Model:
     """A named model an environment calls (see the module docstring)."""
@@ -71,19 +84,27 @@ class Model:
     """Default create parameters of every call (e.g. ``{"temperature": 0}``); a call's own win."""
     lease_s: float = 300.0
     """A fleet slot's lease: a holder that died frees it after this long."""
+    role: Role = "judge"
+    """What the model is for (see `Role`)."""
 
     async def respond(self, input: str | list[dict[str, Any]], **params: Any) -> list[dict[str, Any]]:
         """Call the model once; its output items. Raises ModelError past the retry budget."""
         binding = _BOUND.get()
         if binding is None:
-            raise RuntimeError(f"model {self.name!r} can only be called from a verifier or tool the runtime runs")
+            raise RuntimeError(f"model {self.name!r} can only be called from a step, verifier or tool the runtime runs")
         items = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
         session = msgspec.structs.replace(binding.session, model=self.name, options=Options())
         body = {**self.params, **params, "model": self.name}
         if binding.respond is None:
             raise RuntimeError(f"model {self.name!r}: this worker has no model client for its environment")
         async with self._slot(binding.js):
-            out = await binding.respond(items, body, session)
+            try:
+                out = await binding.respond(items, body, session)
+            except (ModelError, ContextLength) as exc:
+                if self.role not in _ROLE_ERRORS:
+                    raise
+                who = self.role.replace("_", " ")
+                raise _ROLE_ERRORS[self.role](f"{who} model {self.name!r} failed: {exc.reason}") from exc
         used = binding.usage.setdefault(self.name, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
         used["calls"] += 1
         used["input_tokens"] += out.usage.input_tokens

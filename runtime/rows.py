@@ -33,6 +33,8 @@ def output_row(task_row: dict[str, Any] | None, r: Result) -> dict[str, Any]:
         row["trajectory"] = msgspec.to_builtins(r.trajectory)
     if r.policy_versions:
         row["policy_versions"] = r.policy_versions
+    if r.agent_info:
+        row["agent_info"] = r.agent_info
     if r.failed:
         row["failure_kind"] = r.failure_kind
         row["failure_reason"] = r.failure_reason
@@ -52,6 +54,7 @@ class _Row(msgspec.Struct, kw_only=True):
     failure_kind: FailureKind | None = None
     failure_reason: str | None = None
     verifier: dict[str, Any] = {}
+    agent_info: dict[str, Any] = {}
     timings: dict[str, Any] = {}
     response: dict[str, Any] = {}
 
@@ -79,6 +82,7 @@ def result_from_row(row: dict[str, Any]) -> Result:
         failure_kind=r.failure_kind,
         failure_reason=r.failure_reason,
         verifier=r.verifier,
+        agent_info=r.agent_info,
         output=r.response.get("output") or [],
         usage=msgspec.convert(r.response.get("usage") or {}, Usage),
         timings=msgspec.convert({k: v for k, v in r.timings.items() if k != "total_s"}, Timings),

@@ -13,45 +13,63 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, get_type_hints, overload
+from typing import Any, Generic, TypeVar, get_type_hints, overload
 
 import jsonschema
 import msgspec
 
-from broker.schemas import FunctionCall, Options, Session, Usage
+from broker.schemas import Session
+from runtime.agent import (
+    Action,
+    Agent,
+    AgentContext,
+    CallTools,
+    Check,
+    Continue,
+    Finish,
+    Fit,
+    Respond,
+    SessionView,
+    StepFn,
+    Unfit,
+)
 from runtime.errors import InvalidInput, Retry, ToolError, VerifierError
-from runtime.items import function_calls, message_text
+from runtime.items import function_calls, mark, message_text
 from runtime.judges import Model
 from runtime.offload import offload
 from runtime.reference import Call, Reference, call
-from runtime.taskrows import STEP_REWARDS, convert_meta
-
-if TYPE_CHECKING:
-    from runtime.model.client import ModelOutput
+from runtime.taskrows import STEP_REWARDS, TERMINATED, convert_meta
 
 __all__ = [
+    "Action",
     "Agent",
     "AgentContext",
     "Call",
     "CallTools",
+    "Check",
     "Context",
+    "Continue",
     "Environment",
     "Finish",
+    "Fit",
     "InvalidInput",
     "Model",
     "Reference",
+    "Respond",
     "Retry",
     "Rollout",
     "SessionView",
+    "StepFn",
     "Task",
     "Tool",
     "ToolError",
+    "Unfit",
     "Verdict",
     "VerifierError",
     "call",
     "function_calls",
     "load",
+    "mark",
     "offload",
     "tool",
 ]
@@ -81,9 +99,12 @@ class Context(Generic[M]):
     task: Task[M]
     state: dict[str, Any]
 
-    def step_reward(self, value: float) -> None:
-        """Record this step's reward (a game's per-move feedback); the Result reports them in order."""
+    def step_reward(self, value: float, *, terminated: bool = False) -> None:
+        """Record this step's reward (a game's per-move feedback); the Result reports them in order.
+        ``terminated``: the episode is over (a step loop stops there)."""
         self.state.setdefault(STEP_REWARDS, []).append(float(value))
+        if terminated:
+            self.state[TERMINATED] = True
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,8 @@ class Rollout:
 
     output: list[dict[str, Any]]
     state: dict[str, Any]
+    agent_info: Mapping[str, Any] = field(default_factory=dict)
+    """What the agent reported (e.g. the files a harness left, under ``files``)."""
 
     @property
     def text(self) -> str:
@@ -231,6 +254,9 @@ class Environment:
     """The agent of rows routed here that name none."""
     models: Sequence[Model] = ()
     """Named models it calls (judges); a local run with the simulated policy has it serve them too."""
+    steps: bool = False
+    """Its tools are the moves of an episode: each records a step reward and says when the episode ends
+    (``ctx.step_reward(r, terminated=...)``), so a Gymnasium-style step loop (step_agent) fits it."""
 
     def __post_init__(self) -> None:
         tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]
@@ -256,123 +282,6 @@ class Environment:
     def check_meta(self, meta: Mapping[str, Any]) -> Any:
         """The task's verifier fields as ``meta`` declares them; InvalidInput names the field and this environment."""
         return convert_meta(self.name, self.meta, meta)
-
-
-@dataclass(frozen=True)
-class CallTools:
-    """Agent action: send these calls to the environment, then step again."""
-
-    calls: list[FunctionCall]
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Agent action: the rollout is done; send it to the verifier."""
-
-
-Action = CallTools | Finish
-
-
-class Respond(Protocol):
-    """Calls the policy model for one session; provided by the runtime (see ``runtime.model.client``)."""
-
-    async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput: ...
-
-
-@dataclass(frozen=True)
-class SessionView:
-    """What an agent may know of its rollout, read-only: identity, options, meta, usage so far."""
-
-    session_id: str
-    run_id: str
-    task_index: int
-    rollout_index: int
-    attempt: int
-    agent: str
-    env: str
-    model: str
-    options: Options
-    meta: Mapping[str, Any]
-    """The task's verifier fields (read-only)."""
-    usage: Usage
-
-
-class AgentContext:
-    """What an agent step sees: the conversation so far, its own state, and a way to call the model.
-
-    The session itself stays the runtime's: ``session`` is a read-only view of it, and what a step
-    may change is the conversation (``items``: append to it) and ``state``, both committed with the
-    step. Everything else it says by returning `CallTools` or `Finish`."""
-
-    def __init__(self, session: Session, respond: Respond) -> None:
-        self._session = session
-        self._respond = respond
-        self.session = SessionView(
-            session_id=session.session_id,
-            run_id=session.run_id,
-            task_index=session.task_index,
-            rollout_index=session.rollout_index,
-            attempt=session.attempt,
-            agent=session.agent,
-            env=session.env,
-            model=session.model,
-            options=session.options,
-            meta=MappingProxyType(session.meta),
-            usage=session.usage,
-        )
-
-    @property
-    def items(self) -> list[dict[str, Any]]:
-        """The conversation so far (input items, then everything produced); append to extend it."""
-        return self._session.items
-
-    @property
-    def params(self) -> Mapping[str, Any]:
-        """The task's Responses create body without ``input`` (tools, sampling parameters), read-only:
-        change a call with ``respond(**overrides)``."""
-        return MappingProxyType(self._session.params)
-
-    @property
-    def options(self) -> Options:
-        return self._session.options
-
-    @property
-    def state(self) -> dict[str, Any]:
-        """The agent's own state, committed with each step (empty at the first step)."""
-        return self._session.agent_state
-
-    @property
-    def turns_taken(self) -> int:
-        """Model calls made so far in this rollout, this one included once ``respond`` returns."""
-        return self._session.turns_taken
-
-    async def respond(self, **overrides: Any) -> list[dict[str, Any]]:
-        """Call the model with the conversation and the task's tools; append and return its output items."""
-        s = self._session
-        out = await self._respond(s.items, {**s.params, **overrides}, s)
-        s.items.extend(out.items)
-        s.turns_taken += 1
-        s.usage = Usage(
-            input_tokens=s.usage.input_tokens + out.usage.input_tokens,
-            output_tokens=s.usage.output_tokens + out.usage.output_tokens,
-        )
-        s.sampling = out.sampling
-        if out.turn is not None:
-            s.turns.append(out.turn)
-        s.trajectory = out.trajectory or s.trajectory
-        s.policy_versions.append(out.policy_version)
-        return out.items
-
-
-StepFn = Callable[[AgentContext], Awaitable[Action]]
-
-
-@dataclass
-class Agent:
-    """An agent: one ``step`` that calls the model and says what happens next."""
-
-    name: str
-    step: StepFn
 
 
 Function = Agent | Environment

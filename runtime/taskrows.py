@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 STEP_REWARDS = "_step_rewards"
 """Where `Context.step_reward` keeps a rollout's step rewards, in the environment's state."""
+TERMINATED = "_terminated"
+"""Where `Context.step_reward(..., terminated=True)` records that the episode is over."""
 
 
 def convert_meta(env: str, meta_type: type | None, meta: Mapping[str, Any]) -> Any:
@@ -55,3 +57,8 @@ def task_of(env: Environment, row: Mapping[str, Any], index: int = 0, rollout_in
 def step_rewards(state: Mapping[str, Any]) -> list[float]:
     """The rewards an environment's tools recorded step by step (`Context.step_reward`), in order."""
     return list(state.get(STEP_REWARDS, []))
+
+
+def terminated(state: Mapping[str, Any]) -> bool:
+    """Whether an environment's tools said the episode is over (`Context.step_reward`)."""
+    return bool(state.get(TERMINATED, False))

@@ -122,17 +122,25 @@ class Harness:
         await asyncio.to_thread(self.broker.close)
 
     async def simulate(
-        self, *task_files: str | Path, model: str = "policy", env: str | Environment | None = None, **config: Any
+        self,
+        *task_files: str | Path,
+        model: str = "policy",
+        env: str | Environment | None = None,
+        plays: dict[str, str] | None = None,
+        **config: Any,
     ) -> str:
         """Start the simulated policy in a thread and register it as ``model``; returns its base URL.
-        ``env`` is the environment of rows that name none: its reference is what the policy plays."""
+        ``env`` is the environment of rows that name none: its reference is what the policy plays.
+        ``plays`` (model name -> role) are the agent's other models it plays too, registered here."""
         known = env if isinstance(env, Environment) else None
         name = env.name if isinstance(env, Environment) else env
         book = AnswerBook.from_files(task_files, env=name, seed=config.get("seed", 0), known=known)
+        book.plays = dict(plays or {})
         self.sim = Simulator(load_answer_key(task_files), SimConfig(model=model, **config), book=book)
         self._sim_server = InThread(self.sim.app()).__enter__()
         self.model_url = f"{self._sim_server.url}/v1"
-        await register(self.js, model, [self.model_url])
+        for name in [model, *book.plays]:
+            await register(self.js, name, [self.model_url])
         return self.model_url
 
     async def worker(self, function: str | Function, **options: Any) -> Worker:

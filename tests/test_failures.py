@@ -108,6 +108,34 @@ async def _stop(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
     await task
 
 
+async def _second_model(h: Harness, agent: str, model: str, role: str) -> None:
+    """An agent whose second model (a user or tool simulator) nothing serves: it fails past its retry."""
+    from functions.math.env import ENVIRONMENT as MATH
+    from runtime.testing import task_rows
+
+    await h.simulate(fs.MATH_TASKS, accuracy=1.0, plays={model: role})
+    await register(h.js, model, ["http://127.0.0.1:1/v1"], attempts=1)  # nothing listens there
+    await h.worker(agent)
+    await h.worker("math")
+    row = task_rows(fs.MATH_TASKS)[0]
+    row["responses_create_params"]["tools"] = MATH.tool_specs()
+    await h.submit(h.start(row, agent=agent, env="math", run_id="kind"))
+
+
+async def harness_error(h: Harness) -> None:
+    """harness_agent whose harness exits with an error."""
+    import sys
+
+    from runtime.testing import task_rows
+
+    await _workers(h)
+    await h.worker("math")
+    await h.worker("harness_agent")
+    command = [sys.executable, "-c", "raise SystemExit('the harness gives up')"]
+    row = task_rows(fs.MATH_TASKS)[0]
+    await h.submit(h.start(row, agent="harness_agent", env="math", run_id="kind", agent_options={"command": command}))
+
+
 CASES: dict[FailureKind, Case] = {
     "invalid_input": invalid_input,
     "model_error": lambda h: _policy(h, mode="reject"),
@@ -121,6 +149,9 @@ CASES: dict[FailureKind, Case] = {
     "cancelled": lambda h: _fault(h, "cancel"),
     "internal": lambda h: _fault(h, "internal"),
     "history_changed": history_changed,
+    "user_sim_error": lambda h: _second_model(h, "user_sim_agent", "user_sim", "user_simulator"),
+    "tool_sim_error": lambda h: _second_model(h, "tool_simulation_agent", "tool_sim", "tool_simulator"),
+    "harness_error": harness_error,
 }
 
 

@@ -97,6 +97,23 @@ MISUSES = [
         "no broker: give --nats URL or --run-dir runs/<run_id>",
     ),
     Misuse("asked for a schema that does not exist", ("schema", "nosuch"), "unknown message kind 'nosuch'"),
+    Misuse(
+        "ran an agent on an environment it does not fit",
+        ("collect", "{unfit}"),
+        "agent 'step_agent' does not fit environment 'math': it has no steps (…); use simple_agent there",
+    ),
+    Misuse(
+        "named a model for an agent that the run does not have",
+        ("collect", "{nomodel}"),
+        "agent 'tool_simulation_agent' does not fit model 'nosuch' (tool simulator): no model of that name in this "
+        "run (it has: policy, tool_sim); add it under `models:` in the run config, or name one of those",
+    ),
+    Misuse(
+        "gave an agent an option it does not take",
+        ("collect", "{agentopt}"),
+        "agent 'refinement_agent': Object contains unknown field `max_correction` - at `$.agent_options` "
+        "(agent_options in the run config)",
+    ),
 ]
 
 
@@ -109,6 +126,11 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     (d / "typo.yaml").write_text(json.dumps({**base, "repeat": 3}))
     (d / "noagent.yaml").write_text(json.dumps({**base, "agent": "nosuch"}))
     (d / "empty.jsonl").write_text("\n")
+    (d / "unfit.yaml").write_text(json.dumps({**base, "agent": "step_agent"}))
+    tool_sim = {"agent": "tool_simulation_agent", "agent_options": {"simulator": "nosuch"}}
+    (d / "nomodel.yaml").write_text(json.dumps({**base, **tool_sim}))
+    typo = {"agent": "refinement_agent", "agent_options": {"max_correction": 1}}
+    (d / "agentopt.yaml").write_text(json.dumps({**base, **typo}))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield {
@@ -116,6 +138,9 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         "typo": str(d / "typo.yaml"),
         "noagent": str(d / "noagent.yaml"),
         "empty": str(d / "empty.jsonl"),
+        "unfit": str(d / "unfit.yaml"),
+        "nomodel": str(d / "nomodel.yaml"),
+        "agentopt": str(d / "agentopt.yaml"),
         "web": f"http://127.0.0.1:{server.server_address[1]}/v1",
         "dir": str(d),
     }

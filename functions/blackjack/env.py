@@ -2,7 +2,8 @@
 
 The deal comes from a deck shuffled by the row's ``seed`` (else by the task and rollout index), so
 every replica, the verifier and the reference replay the same cards; the game lives in the session
-record. Each action records a step reward (0 while the hand goes on, the outcome when it ends).
+record. Each action records a step reward (0 while the hand goes on, the outcome when it ends, which
+ends the episode: ``steps=True``, step_agent fits).
 The dealer draws to 17. An unfinished hand scores as a loss. Rows of NeMo Gym's ``blackjack``
 resources server run unchanged; its players answer with ``<action>`` tags, here the tools are offered.
 """
@@ -75,7 +76,7 @@ async def hit(ctx: Context[Meta]) -> dict[str, Any]:
     s["hits"] += 1
     if value(_view(s)["your_hand"]) > 21:
         s["over"], s["outcome"] = True, play(s["cards"], s["hits"])
-        ctx.step_reward(s["outcome"][0])
+        ctx.step_reward(s["outcome"][0], terminated=True)
         return {**_view(s), "result": "bust"}
     ctx.step_reward(0.0)
     return _view(s)
@@ -88,7 +89,7 @@ async def stand(ctx: Context[Meta]) -> dict[str, Any]:
     if s["over"]:
         return {"error": "the hand is over", **_view(s)}
     s["over"], s["outcome"] = True, play(s["cards"], s["hits"])
-    ctx.step_reward(s["outcome"][0])
+    ctx.step_reward(s["outcome"][0], terminated=True)
     return {**_view(s), **s["outcome"][1]}
 
 
@@ -119,4 +120,5 @@ ENVIRONMENT = Environment(
     reference=reference,
     reward_range=(-1.0, 1.0),
     accepts=["blackjack"],
+    steps=True,
 )

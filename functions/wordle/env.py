@@ -4,7 +4,8 @@ The target is the row's ``custom_target`` (NeMo Gym's field) or ``target``; ``ma
 (6) of ``word_length`` letters (5). Tools: ``submit_guess`` (feedback per letter: ``G`` right place,
 ``Y`` in the word elsewhere, ``_`` absent), ``check_word_validity`` and ``get_game_state``. Any
 alphabetic word of the right length is a valid guess (no dictionary ships here); an invalid guess
-costs no turn. Each guess records a step reward, the share of green letters. The reward is 1.0 if
+costs no turn. Each guess records a step reward, the share of green letters, and the last one ends
+the episode (``steps=True``: step_agent fits). The reward is 1.0 if
 the word was found within the turns, else 0.0. The game lives in the session record. Rows of NeMo
 Gym's ``wordle`` resources server run unchanged (its shaped win reward and penalties are not reproduced).
 """
@@ -63,9 +64,9 @@ async def submit_guess(ctx: Context[Meta], guess: str) -> dict[str, Any]:
     marks = feedback(word, m.secret or "")
     s["guesses"].append(word)
     s["feedback"].append(marks)
-    ctx.step_reward(marks.count("G") / m.word_length)
     s["won"] = marks == "G" * m.word_length
     s["over"] = s["won"] or len(s["guesses"]) >= m.max_turns
+    ctx.step_reward(marks.count("G") / m.word_length, terminated=s["over"])
     left = m.max_turns - len(s["guesses"])
     return {"guess": word, "feedback": marks, "won": s["won"], "game_over": s["over"], "turns_left": left}
 
@@ -115,4 +116,5 @@ ENVIRONMENT = Environment(
     verify=verify,
     reference=reference,
     accepts=["wordle"],
+    steps=True,
 )

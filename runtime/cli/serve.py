@@ -95,6 +95,10 @@ def simulate(
     ] = "none",
     fail_status: Annotated[int, typer.Option("--fail-status", help="FAULT: answer every call with this status.")] = 0,
     hang: Annotated[bool, typer.Option("--hang", help="FAULT: never answer a call.")] = False,
+    plays: Annotated[
+        list[str] | None,
+        typer.Option("--plays", help="NAME=ROLE: also play model NAME as a user/tool simulator or summarizer."),
+    ] = None,
 ) -> None:
     """Serve the SIMULATED policy: an OpenAI-compatible server that is not a model.
 
@@ -121,11 +125,25 @@ def simulate(
         fail_status=fail_status,
         hang=hang,
     )
-    sim = Simulator(load_answer_key(tasks), config, book=AnswerBook.from_files(tasks, env=env, seed=seed))
+    book = AnswerBook.from_files(tasks, env=env, seed=seed)
+    book.plays = _plays(plays or [])
+    sim = Simulator(load_answer_key(tasks), config, book=book)
     if tracing.configure("gymbus-simulated-policy"):
         # uvicorn re-raises SIGTERM after its graceful shutdown; exit normally so buffered spans are flushed
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     serve_simulator(sim, host, port)
+
+
+def _plays(specs: list[str]) -> dict[str, str]:
+    from runtime.model.policy import ROLES
+
+    plays = {}
+    for spec in specs:
+        name, _, role = spec.partition("=")
+        if not name or role not in ROLES:
+            raise UsageError(f"--plays {spec!r}: write NAME=ROLE, ROLE one of {', '.join(ROLES)}")
+        plays[name] = role
+    return plays
 
 
 ProbePortOpt = Annotated[

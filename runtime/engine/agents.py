@@ -6,11 +6,13 @@ import time
 from typing import Any
 
 from broker.schemas import Msg, Resume, Session, Start
+from runtime.engine.clients import env_client
 from runtime.engine.records import new_session
 from runtime.engine.transitions import Delivery, Runtime, advance, deadline, transition
 from runtime.errors import InvalidInput, Retry
+from runtime.judges import bound
 from runtime.model.client import ModelOutput
-from runtime.sdk import Agent, AgentContext, CallTools
+from runtime.sdk import Action, Agent, AgentContext, CallTools, Check, Continue
 
 START_CONFLICTS = 3
 """Writes a Start tries before it hands its message back for redelivery (each lost to another worker)."""
@@ -71,7 +73,7 @@ async def _exists(rt: Runtime, msg: Start, old: Session, rev: int) -> bool:
 
 
 async def _turn(rt: Runtime, agent: Agent, s: Session) -> None:
-    """One agent step on the session; sets the next phase (tools or verify)."""
+    """One agent step on the session; sets the next phase (tools, the agent again, or verify)."""
     if rt.respond is None:
         raise RuntimeError("this worker has no model client")
     respond = rt.respond
@@ -84,8 +86,32 @@ async def _turn(rt: Runtime, agent: Agent, s: Session) -> None:
             session.timings.model_s += time.perf_counter() - c0
             session.timings.model_calls += 1
 
-    action = await agent.step(AgentContext(s, timed))
-    if isinstance(action, CallTools) and action.calls and s.turns_taken < s.options.max_steps:
+    config = agent.config_of(s.options.agent_options)
+    with bound(rt.js, s, env_client(rt.js)) as models:  # the step may call named models (user, tool simulators)
+        action = await agent.step(AgentContext(s, timed, config))
+    if models.usage:
+        record_usage(s.agent_info.setdefault("models", {}), models.usage)
+    next_phase(s, action)
+
+
+def next_phase(s: Session, action: Action) -> None:
+    """Where the agent's action sends the rollout: the tools, the agent again, a check, or the verifier
+    (also when ``max_steps`` model calls are spent)."""
+    more = s.turns_taken < s.options.max_steps
+    s.pending, s.checking, s.check_until = [], False, None
+    if isinstance(action, CallTools) and action.calls and more:
         s.phase, s.pending = "tools", list(action.calls)
+    elif isinstance(action, Continue) and more:
+        s.phase = "model"
+    elif isinstance(action, Check):
+        s.phase, s.checking, s.check_until = "verify", True, action.until
     else:
-        s.phase, s.pending = "verify", []
+        s.phase = "verify"
+
+
+def record_usage(into: dict[str, dict[str, int]], used: dict[str, dict[str, int]]) -> None:
+    """Add a step's named-model usage (calls, tokens per model) to the rollout's."""
+    for name, counts in used.items():
+        total = into.setdefault(name, {})
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n

@@ -99,7 +99,7 @@ async def _verify(rt: Runtime, env: Environment, s: Session) -> None:
     task = env.task(s)
     started = time.perf_counter()
     try:
-        rollout = Rollout(output=s.items[s.n_input :], state=s.env_state)
+        rollout = Rollout(output=s.items[s.n_input :], state=s.env_state, agent_info=s.agent_info)
         with bound(rt.js, s, env_client(rt.js)) as models:  # the verifier may call named models (judges)
             verdict = await spans.verification(env.name, s.session_id, env.verify(task, rollout))
     except GymError:
@@ -109,11 +109,25 @@ async def _verify(rt: Runtime, env: Environment, s: Session) -> None:
     finally:
         s.timings.verify_s += time.perf_counter() - started
     reward, info = _reward(env, verdict)
+    if s.checking and not _passes(env, s, reward, info):
+        return  # a draft the agent refines: it steps again with the verdict
     if steps := step_rewards(s.env_state):
         info = {**info, "step_rewards": steps}
     if models.usage:
         info = {**info, "models": models.usage}
+    if s.checks:
+        info = {**info, "attempts": [c["reward"] for c in s.checks] + ([] if s.checking else [reward])}
     end(s, build_result(s, reward=reward, verifier=info))
+
+
+def _passes(env: Environment, s: Session, reward: float, info: dict[str, Any]) -> bool:
+    """Record a check's verdict (the agent's `Check`); False sends the rollout back to the agent."""
+    s.checks.append({"reward": reward, "info": info})
+    until = s.check_until if s.check_until is not None else env.reward_range[1]
+    if reward >= until:
+        return True
+    s.checking, s.check_until, s.phase = False, None, "model"
+    return False
 
 
 def _reward(env: Environment, verdict: object) -> tuple[float, dict[str, Any]]:

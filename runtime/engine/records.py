@@ -118,6 +118,7 @@ def build_result(
         turns=s.turns,
         trajectory=s.trajectory,
         policy_versions=s.policy_versions,
+        agent_info=s.agent_info,
         timings=finish_timings(s.timings),
     )
 

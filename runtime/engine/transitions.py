@@ -4,9 +4,10 @@ A session's ``step`` counts committed transitions. A message carries the step it
 
     Start          session absent (or an older attempt)  -> step b+1, phase seed|tools|verify
     Seed    (s)    phase seed                            -> step s+1, phase model
-    Resume  (s)    phase model                           -> step s+1, phase tools|verify
+    Resume  (s)    phase model                           -> step s+1, phase tools|verify|model
     Tools   (s)    phase tools                           -> step s+1, phase model
-    Verify  (s)    phase verify                          -> step s+1, phase done (Result stored)
+    Verify  (s)    phase verify                          -> step s+1, phase done (Result stored),
+                                                            or model (an agent's Check below its bar)
 
 Each transition is one compare-and-set on the session's KV revision, and the one message that
 follows is derived from the committed state alone, published with the id ``<session>:<step>``.

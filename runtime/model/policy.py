@@ -10,6 +10,14 @@ never by the last user message, which multi-turn agents change. A call for anoth
 policy (a judge) gets the reference's judge answer for what the policy played in that rollout.
 
 Rows whose environment gives no reference fall back to the simulator's answer key (runtime/model/simulator.py).
+
+Models an agent calls besides the policy are played by their role (``plays``, name -> role): a
+``user_simulator`` says a fixed, task-independent script (``SIMULATED_USER``: a follow-up, then
+``USER_STOP``), its turn counted from its own earlier turns in the request; a ``tool_simulator``
+answers every call with a fixed simulated output; a ``summarizer`` with a fixed summary saying how
+many model turns (its request's assistant messages) it stands for, which the policy's turn count
+adds, so a compacted conversation is played on where it was. None of these is a model: they exist
+so that agents' loops run end to end in tests and demos.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +46,18 @@ class Play:
     calls: tuple[Call, ...] = ()
 
 
+USER_STOP = "###STOP###"
+"""How the simulated user ends a conversation (user_sim_agent's default stop signal)."""
+SIMULATED_USER = (
+    "Thanks. Are you sure? Please check it once more and give me your final answer again.",
+    f"Great, that is all I needed. {USER_STOP}",
+)
+SIMULATED_TOOL_OUTPUT = '{"status": "ok", "note": "simulated tool output"}'
+SIMULATED_SUMMARY = "Summary (simulated, not a model's): {turns} earlier model turns, nothing of them kept."
+_SUMMARIZED = re.compile(r"Summary \(simulated, not a model's\): (\d+) earlier model turns")
+ROLES = ("judge", "user_simulator", "tool_simulator", "summarizer")
+
+
 @dataclass
 class Row:
     index: int
@@ -44,6 +65,7 @@ class Row:
     env: str | None
     first_user: str
     input_turns: int
+    input_users: int = 1
 
 
 def first_user_text(items: Any) -> str:
@@ -84,6 +106,8 @@ class AnswerBook:
     seed: int = 0
     known: dict[str, Any] = field(default_factory=dict)
     """Environments by name that need not be under functions/ (``gymbus check module:OBJECT``)."""
+    plays: dict[str, str] = field(default_factory=dict)
+    """Named models it plays by role (user_simulator, tool_simulator, summarizer); others are judges."""
     _by_first: dict[str, int] = field(default_factory=dict)
     _refs: dict[tuple[int, int], Reference | None] = field(default_factory=dict)
 
@@ -106,7 +130,7 @@ class AnswerBook:
 
     def add(self, row: dict[str, Any], items: Any, env: str | None) -> None:
         routed = _env_of(row, env)
-        entry = Row(len(self.rows), row, routed, first_user_text(items), assistant_turns(items))
+        entry = Row(len(self.rows), row, routed, first_user_text(items), assistant_turns(items), user_turns(items))
         self.rows.append(entry)
         self._by_first.setdefault(entry.first_user, entry.index)
 
@@ -134,7 +158,7 @@ class AnswerBook:
     def play(self, row: Row, ref: Reference, correct: bool, items: Any) -> Play:
         """The turn of the script this conversation is at (past its end: the last text, or 'done')."""
         script = ref.script(correct)
-        turn = assistant_turns(items) - row.input_turns
+        turn = assistant_turns(items) - row.input_turns + summarized(items)
         if turn < len(script):
             now = script[turn]
             return Play(text=now) if isinstance(now, str) else Play(calls=now)
@@ -145,6 +169,9 @@ class AnswerBook:
         """The reference's turn for this conversation, or None when its task has no reference. A call
         for a model that is neither the policy nor the task's own ``model`` is a judge's."""
         task = self.find(session, items, by_session=True)
+        role = self.plays.get(model)
+        if role in ("user_simulator", "tool_simulator", "summarizer"):
+            return self.stand_in(role, task, items)
         asked = {policy, (task.row.get("responses_create_params") or {}).get("model") if task else None}
         judging = bool(model) and model not in asked
         row = task if judging else self.find(session, items)
@@ -153,6 +180,17 @@ class AnswerBook:
             return None
         correct = self.correct(row, session, accuracy)
         return self.judge(row, ref, correct, items) if judging else self.play(row, ref, correct, items)
+
+    def stand_in(self, role: str, task: Row | None, items: Any) -> Play:
+        """What a simulated user, tool or summarizer says (see the module docstring)."""
+        if role == "tool_simulator":
+            return Play(text=SIMULATED_TOOL_OUTPUT)
+        if role == "summarizer":  # it says how many model turns it covers, so play goes on from there
+            return Play(text=SIMULATED_SUMMARY.format(turns=_assistant_messages(items) + summarized(items)))
+        # the user simulator sees the dialogue from its side: its own turns (the task's opening
+        # included) are the assistant's
+        said = _assistant_messages(items) - (task.input_users if task else 1)
+        return Play(text=SIMULATED_USER[min(max(said, 0), len(SIMULATED_USER) - 1)])
 
     def task_prompt(self, items: Any, session: str) -> str | None:
         """The task's own prompt (its input's last user message) when the session's task is known, so
@@ -168,6 +206,27 @@ class AnswerBook:
         if callable(ref.judge):
             return Play(text=ref.judge(correct, [] if isinstance(items, str) else list(items)))
         return Play(text=ref.judge[correct])
+
+
+def user_turns(items: Any) -> int:
+    """User messages in a conversation (the whole input counts as one when it is a string)."""
+    if isinstance(items, str):
+        return 1
+    return sum(1 for i in items or [] if isinstance(i, dict) and i.get("role") == "user")
+
+
+def summarized(items: Any) -> int:
+    """Model turns that the simulated summarizer's summaries in this conversation stand for."""
+    if isinstance(items, str):
+        return 0
+    texts = (message_text(i) for i in items or [] if isinstance(i, dict) and i.get("role") in ("user", "system"))
+    return sum(int(n) for text in texts for n in _SUMMARIZED.findall(text))
+
+
+def _assistant_messages(items: Any) -> int:
+    if isinstance(items, str):
+        return 0
+    return sum(1 for i in items or [] if isinstance(i, dict) and i.get("role") == "assistant")
 
 
 def _task_index(session: str) -> int | None:

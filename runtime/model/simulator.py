@@ -378,6 +378,8 @@ def banner(sim: Simulator, url: str) -> str:
     c = sim.config
     faults = f", FAULT: answers HTTP {c.fail_status}" if c.fail_status else ", FAULT: never answers" if c.hang else ""
     refs = f" and the references of {len(sim.book.rows)} tasks" if sim.book is not None else ""
+    if sim.book is not None and sim.book.plays:
+        refs += ", playing " + ", ".join(f"{n} as a SIMULATED {r.replace('_', ' ')}" for n, r in sim.book.plays.items())
     return (
         f"SIMULATED policy (not a model) at {url}: answers from an answer key of {len(sim.key)} prompts{refs}, "
         f"accuracy={c.accuracy:g}, latency={c.latency_ms:g} ms, seed={c.seed}, reasoning={c.reasoning}{faults}"

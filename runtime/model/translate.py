@@ -25,12 +25,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from runtime.items import reasoning_text, text_of
+from runtime.items import MARK, reasoning_text, text_of
 
 ReasoningMode = Literal["server", "think_tags"]
 
 TRAINING_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 """Token-level keys gymbus attaches to output items; never sent back to a server."""
+_GYMBUS_KEYS = (*TRAINING_KEYS, MARK)
+"""Every key gymbus adds to an item (token ids, its mark: runtime.items.MARK); stripped before sending."""
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -130,8 +132,8 @@ def split_think(text: str) -> tuple[str | None, str]:
 
 
 def strip_training(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items without gymbus's token-level keys (servers may reject unknown fields)."""
-    return [{k: v for k, v in i.items() if k not in TRAINING_KEYS} if _has_training(i) else i for i in items]
+    """Items without gymbus's token-level keys and marks (servers may reject unknown fields)."""
+    return [{k: v for k, v in i.items() if k not in _GYMBUS_KEYS} if _has_training(i) else i for i in items]
 
 
 def responses_input(items: list[dict[str, Any]], reasoning: ReasoningMode = "server") -> list[dict[str, Any]]:
@@ -162,7 +164,7 @@ def responses_input(items: list[dict[str, Any]], reasoning: ReasoningMode = "ser
 
 
 def _has_training(item: dict[str, Any]) -> bool:
-    return any(k in item for k in TRAINING_KEYS)
+    return any(k in item for k in _GYMBUS_KEYS)
 
 
 # ---- Responses -> Chat (requests) ----------------------------------------------------------------

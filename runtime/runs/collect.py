@@ -32,6 +32,7 @@ from nats.js import JetStreamContext
 from broker import topology
 from broker.connect import connect
 from broker.schemas import Manifest, Result
+from runtime.judges import Model
 from runtime.model.endpoints import ModelEntry, entry_decoder, model_key
 from runtime.profiling.profile import Profile
 from runtime.rows import output_row
@@ -45,7 +46,6 @@ from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
 from runtime.runs.tasks import run_defaults
-from runtime.sdk import Environment
 from runtime.telemetry import tracing
 from runtime.telemetry.spans import RolloutSpans
 
@@ -170,6 +170,7 @@ class Collector:
                         seed=sim.seed,
                         model=cfg.model.name,
                         env=cfg.env,
+                        plays={m.name: m.role for m in self.plan.agent_models if m.role != "judge"},
                     )
                 ]
                 self.plan.model = {"endpoints": urls, "simulated_policy": True}
@@ -180,7 +181,8 @@ class Collector:
         if urls:
             await register_model(js, cfg.model, urls, writer("collect"))
             simulated = self.stack is not None and not cfg.model.base_url
-            await _register_named_models(js, cfg, urls, simulated, self.plan.envs.values())
+            models = [m for e in self.plan.envs.values() for m in e.models] + self.plan.agent_models
+            await _register_named_models(js, cfg, urls, simulated, models)
         if self.stack is not None:  # once the models are registered: a resumed run's leftovers run at once
             pairs = self.plan.functions
             await self.stack.wait_registered(js, {a for a, _ in pairs}, {e for _, e in pairs}, since=self.t_start)
@@ -328,11 +330,11 @@ def _worker_refs(cfg: RunConfig, functions: list[tuple[str, str]]) -> list[str]:
 
 
 async def _register_named_models(
-    js: JetStreamContext, cfg: RunConfig, policy_urls: list[str], simulated: bool, envs: Iterable[Environment]
+    js: JetStreamContext, cfg: RunConfig, policy_urls: list[str], simulated: bool, models: Iterable[Model]
 ) -> None:
-    """The other models the environments call (judges), as the config's ``models`` says; with the
-    simulated policy, one it does not configure is served by the simulated policy too."""
-    named = {m.name: ModelConfig(name=m.name) for e in envs for m in e.models}
+    """The other models the environments (judges) and the agent (simulators) call, as the config's
+    ``models`` says; with the simulated policy, one it does not configure is served by it too."""
+    named = {m.name: ModelConfig(name=m.name) for m in models}
     for name, model in {**named, **cfg.models}.items():
         urls = urls_of(model.base_url) or (policy_urls if simulated else [])
         if urls:

@@ -89,8 +89,19 @@ class RunConfig(Strict):
     """Broker URL; None starts an embedded broker (and the workers the run needs)."""
     profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)
     models: dict[str, ModelConfig] = {}
-    """Other models the environments call by name (judges): name -> where it is served. With no
-    ``base_url`` (and no ``model.base_url``), the simulated policy serves it too."""
+    """Other models the environments and the agent call by name (judges, user and tool simulators):
+    name -> where it is served. With no ``base_url`` (and no ``model.base_url``), the simulated policy
+    serves it too."""
+    agent_options: dict[str, Any] = {}
+    """The agent's own settings (its ``config``), e.g. ``{"max_corrections": 2}``: checked before the
+    run starts, carried in each Start of the agent's rollouts."""
+
+    def options(self) -> Options:
+        """The rollouts' options: ``limits``, with ``agent_options``."""
+        limits = self.limits.options()
+        if not self.agent_options:
+            return limits
+        return msgspec.structs.replace(limits, agent_options={**limits.agent_options, **self.agent_options})
 
 
 FLAGS = {

@@ -38,7 +38,7 @@ def identity_of(cfg: RunConfig) -> RunIdentity:
         repeats=cfg.repeats,
         limit=cfg.limit,
         sampling=cfg.sampling.given(),
-        options=msgspec.to_builtins(cfg.limits.options()),
+        options=msgspec.to_builtins(cfg.options()),
         env_tools=cfg.env_tools,
     )
 

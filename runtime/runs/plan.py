@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -15,8 +16,10 @@ from broker import names, topology
 from broker.schemas import RunIdentity
 from broker.topology import Role
 from runtime.errors import InputError
+from runtime.judges import Model
 from runtime.runs import identity as identities
 from runtime.runs.config import RunConfig
+from runtime.runs.fit import check_fit
 from runtime.runs.models import check_endpoints, urls_of
 from runtime.runs.routing import route_tasks
 from runtime.runs.tasks import TaskRow, read_tasks
@@ -46,6 +49,8 @@ class Plan:
     """What the pre-flight check learnt of the model endpoints (for metadata.json)."""
     envs: dict[str, Environment] = field(default_factory=dict)
     """Every environment the rows run on that imports here (a run may mix them: runtime/routing.py)."""
+    agent_models: list[Model] = field(default_factory=list)
+    """The named models the run's agent calls besides the policy (user or tool simulators, ...)."""
 
     @cached_property
     def functions(self) -> list[tuple[str, str]]:
@@ -73,28 +78,37 @@ async def prepare(cfg: RunConfig, run_id: str | None, *, check_model: bool = Tru
     except names.InvalidName as exc:
         raise InputError(f"--run-id: {exc}") from None
     tasks = read_tasks(cfg.input, cfg.limit)
-    env = _load_functions(cfg)
+    env, agent = _load_functions(cfg)
     plan = Plan(cfg, run_id, tasks, identities.identity_of(cfg), env)
     plan.envs = route_tasks(tasks, cfg.agent, cfg.env, env)
+    if agent is not None:
+        plan.agent_models = check_fit(cfg, agent, plan.envs, tasks)
     urls = urls_of(cfg.model.base_url)
     if urls and check_model:
         plan.model = await check_endpoints(urls, cfg.model.name)
+        for m in plan.agent_models:  # an agent's other models, where the config says they are served
+            if (named := cfg.models.get(m.name)) is not None and named.base_url:
+                await check_endpoints(urls_of(named.base_url), m.name)
     return plan
 
 
-def _load_functions(cfg: RunConfig) -> Environment | None:
-    """The environment (and, for a local run, the agent) the run names, checked to be what it says."""
-    env: Environment | None
+def _load_functions(cfg: RunConfig) -> tuple[Environment | None, Agent | None]:
+    """The environment and the agent the run names, checked to be what they say (with a shared broker,
+    a function that does not import here is left to its workers)."""
+    env = _load_or_leave(cfg, lambda: _load(cfg.env_ref or cfg.env, "env", cfg.env, Environment), "tools")
+    agent = _load_or_leave(cfg, lambda: _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent), "fit")
+    return env, agent
+
+
+def _load_or_leave(cfg: RunConfig, load_it: Callable[[], F], what: str) -> F | None:
     try:
-        env = _load(cfg.env_ref or cfg.env, "env", cfg.env, Environment)
+        return load_it()
     except InputError as exc:
         if not cfg.nats:
             raise
-        log.warning("%s (its workers, which decide its tools, run elsewhere)", exc)
-        env = None
-    if not cfg.nats:
-        _load(cfg.agent_ref or cfg.agent, "agent", cfg.agent, Agent)
-    return env
+        why = "its workers, which decide its tools, run elsewhere" if what == "tools" else "its fit is not checked"
+        log.warning("%s; %s", exc, why)
+        return None
 
 
 F = TypeVar("F", Agent, Environment)

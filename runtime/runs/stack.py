@@ -108,7 +108,15 @@ class LocalStack:
         return self.broker.url
 
     def start_simulator(
-        self, tasks: str, *, accuracy: float, latency_ms: float, seed: int, model: str, env: str | None = None
+        self,
+        tasks: str,
+        *,
+        accuracy: float,
+        latency_ms: float,
+        seed: int,
+        model: str,
+        env: str | None = None,
+        plays: dict[str, str] | None = None,
     ) -> str:
         proc = Process(
             "policy-simulated",
@@ -127,6 +135,7 @@ class LocalStack:
                 "--port",
                 "0",
                 *(["--env", env] if env else []),
+                *[arg for name, role in (plays or {}).items() for arg in ("--plays", f"{name}={role}")],
             ),
             self.log_dir,
             self.env,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.schemas import RunDefaults, Start
+from broker.schemas import Options, RunDefaults, Start
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 
@@ -75,14 +75,24 @@ def build_start(cfg: RunConfig, run_id: str, task: TaskRow, rollout: int, attemp
     assert task.row is not None
     meta = {k: v for k, v in task.row.items() if k != "responses_create_params"}
     params = task.row.get("responses_create_params")
+    agent = task.agent or cfg.agent
     return Start(
         run_id=run_id,
         task_index=task.index,
         rollout_index=rollout,
         attempt=attempt,
-        agent=task.agent or cfg.agent,
+        agent=agent,
         env=task.env or cfg.env,
         model=cfg.model.name,
         responses_create_params=params,  # type: ignore[arg-type]  # a wrong type fails at the agent, naming the field
         meta=meta,
+        **_agent_options(cfg, agent),
     )
+
+
+def _agent_options(cfg: RunConfig, agent: str) -> dict[str, Options]:
+    """The run agent's own settings (``agent_options``), the only options a Start carries: every other
+    one is in the manifest's defaults, and a row routed to another agent gets none of them."""
+    if agent != cfg.agent or not cfg.agent_options:
+        return {}
+    return {"options": Options(agent_options=cfg.agent_options)}

@@ -1,0 +1,3 @@
+from functions.harness_agent.agent import AGENT
+
+__all__ = ["AGENT"]

@@ -1,0 +1,3 @@
+from functions.step_agent.agent import AGENT
+
+__all__ = ["AGENT"]
