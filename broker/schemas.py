@@ -31,6 +31,7 @@ FailureKind = Literal[
     "tool_error",  # an environment tool raised past its retry budget
     "verifier_error",  # the verifier raised past its retry budget
     "judge_error",  # a judge model's verdict was not in the form the environment expects
+    "env_lost",  # the environment instance holding the rollout's state died or was replaced mid-rollout
     "timeout",  # the rollout or one of its steps ran past its deadline
     "worker_lost",  # a message spent its delivery budget without an answer (workers died)
     "cancelled",  # the user cancelled the rollout

@@ -4,6 +4,7 @@
     serve.py     worker, simulate, profiler, janitor, model serve, init
     inspect.py   status, profile, traces, dead-letters, schema
     authoring.py check, new env, new agent                        (environment and agent authors)
+    tasks.py     tasks reasoning-gym, tasks verifiers             (rows from other ecosystems)
     runtime.bench  bench
 
 `main` is the one error boundary: a user's mistake (`runtime.errors.UsageError`, an invalid name, an
@@ -26,7 +27,7 @@ from rich.markup import escape
 from broker.connect import BrokerUnavailable
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import authoring, inspect, run, serve
+from runtime.cli import authoring, inspect, run, serve, tasks
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -83,6 +84,8 @@ serve.register_model_commands(guarded)
 app.add_typer(serve.model_app, name="model")
 authoring.register_new_commands(guarded)
 app.add_typer(authoring.new_app, name="new")
+tasks.register_tasks_commands(guarded)
+app.add_typer(tasks.tasks_app, name="tasks")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

@@ -7,6 +7,8 @@
     tool_error       retry        a tool may fail transiently (a sandbox, a network call)
     verifier_error   retry        likewise; past the budget the message is dead-lettered
     timeout          fail         a step or the rollout ran out of time (rollout deadlines never retry)
+    env_lost         fail         the environment instance holding the state is gone; retried, it starts
+                                  the rollout over as a new attempt (runtime.engine.attempts)
     worker_lost      -            decided by the broker: the delivery budget ran out while no worker answered
     cancelled        fail         the user asked for it
     internal         retry        a gymbus bug or a broker hiccup; retried, then dead-lettered
