@@ -20,7 +20,7 @@ import jsonschema
 import msgspec
 
 from broker.schemas import FunctionCall, Options, Session, Usage
-from runtime.errors import InvalidInput, Retry, ToolError, VerifierError
+from runtime.errors import EnvLost, InvalidInput, Retry, ToolError, VerifierError
 from runtime.items import function_calls, message_text
 from runtime.judges import Model
 from runtime.offload import offload
@@ -36,6 +36,7 @@ __all__ = [
     "Call",
     "CallTools",
     "Context",
+    "EnvLost",
     "Environment",
     "Finish",
     "InvalidInput",

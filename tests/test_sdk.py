@@ -20,6 +20,7 @@ def test_the_public_surface_is_declared_once_and_sorted() -> None:
         "Call",
         "CallTools",
         "Context",
+        "EnvLost",
         "Environment",
         "Finish",
         "InvalidInput",

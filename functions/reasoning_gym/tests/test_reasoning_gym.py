@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install -e '.[reasoning_gym]')")
 
-from functions.reasoning_gym import generate, scoring  # noqa: E402
-from runtime.checking import check  # noqa: E402
-from runtime.cli import app  # noqa: E402
-from runtime.errors import InputError  # noqa: E402
-from runtime.testing import collect_rows  # noqa: E402
+from functions.reasoning_gym import generate, scoring
+from runtime.checking import check
+from runtime.cli import app
+from runtime.errors import InputError
+from runtime.testing import collect_rows
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,9 @@ async def test_check_passes_both_ways() -> None:
 
 @pytest.mark.nemo_rows
 async def test_nemo_gym_rows_run_unchanged_with_a_profile_per_generator(tmp_path: Path) -> None:
-    rows = [{k: r[k] for k in ("responses_create_params", "question", "answer", "metadata")} for r in _rows("gcd", "lcm")]
+    rows = [
+        {k: r[k] for k in ("responses_create_params", "question", "answer", "metadata")} for r in _rows("gcd", "lcm")
+    ]
     rows += [{"responses_create_params": {"input": "what?"}, "question": "what?", "answer": "1", "metadata": {}}]
     summary, out = await collect_rows(tmp_path, rows, env="reasoning_gym", repeats=2)
     assert [r["reward"] for r in out[:4]] == [1.0] * 4
