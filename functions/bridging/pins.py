@@ -4,7 +4,6 @@ its state, and an instance that is gone (or has been replaced by another) ends t
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -18,25 +17,6 @@ GONE = (
     aiohttp.ClientPayloadError,
 )
 """Transport errors that mean the instance is not there any more (refused, reset, closed mid-answer)."""
-
-_SESSIONS: dict[int, aiohttp.ClientSession] = {}
-
-
-def http() -> aiohttp.ClientSession:
-    """This event loop's HTTP client. It keeps no cookies: each rollout's live in its own state."""
-    loop = asyncio.get_running_loop()
-    session = _SESSIONS.get(id(loop))
-    if session is None or session.closed:
-        session = _SESSIONS[id(loop)] = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
-    return session
-
-
-async def close() -> None:
-    """Close this event loop's HTTP client (tests; a worker's ends with its process)."""
-    session = _SESSIONS.pop(id(asyncio.get_running_loop()), None)
-    if session is not None:
-        await session.close()
-
 
 class Answer:
     """What an instance answered: status, body, and the cookies it set."""
@@ -59,9 +39,11 @@ async def post(
 ) -> Answer:
     """POST JSON to a pinned instance; EnvLost names ``who`` if the instance is gone."""
     headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else None
-    try:
-        async with http().post(url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            data = await r.read()
-            return Answer(r.status, data, {k: m.value for k, m in r.cookies.items()})
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:  # a client per call: no connection outlives it, and no cookie is kept but the rollout's own
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout) as http:
+            async with http.post(url, json=body, headers=headers) as r:
+                data = await r.read()
+                return Answer(r.status, data, {k: m.value for k, m in r.cookies.items()})
     except GONE as exc:
         raise EnvLost(f"{who} is gone ({type(exc).__name__}: {exc}); the rollout's state went with it") from None

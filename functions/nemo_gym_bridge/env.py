@@ -66,12 +66,16 @@ def forward(name: str) -> Tool:
 
 class Forwarded(dict[str, Tool]):
     """Every tool name the model calls is forwarded (the server says which exist: an unknown one
-    answers 404, which the model reads, as in NeMo Gym)."""
+    answers 404, which the model reads, as in NeMo Gym). It lists none: rows bring their tools."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._made: dict[str, Tool] = {}
 
     def get(self, name: str, default: Any = None) -> Tool:  # type: ignore[override]
-        if name not in self:
-            self[name] = forward(name)
-        return self[name]
+        if name not in self._made:
+            self._made[name] = forward(name)
+        return self._made[name]
 
 
 async def verify(task: Task[Any], rollout: Rollout) -> Verdict:
