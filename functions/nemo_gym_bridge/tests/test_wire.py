@@ -48,7 +48,7 @@ def test_a_missing_servers_file_is_named(tmp_path: Path, monkeypatch: pytest.Mon
     from functions.nemo_gym_bridge import ENVIRONMENT
 
     monkeypatch.setenv("GYMBUS_NEMO_GYM_SERVERS", str(tmp_path / "absent.yaml"))
-    with pytest.raises(InvalidInput, match="absent.yaml' does not exist"):
+    with pytest.raises(InvalidInput, match=r"absent\.yaml' does not exist"):
         ENVIRONMENT.check_meta({})
 
 
