@@ -48,6 +48,29 @@ def reasoning_gym(
     _write(_need(output), generate.rows(dataset), lambda r: r["generator"]["name"])
 
 
+def verifiers(
+    taskset: Annotated[str, typer.Argument(help="A verifiers (v1) taskset package: its import name, installed here.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Task JSONL to write.")] = None,
+    args: Annotated[str, typer.Option("--args", "-a", help="The taskset config's fields, as a JSON object.")] = "{}",
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="First N tasks only.")] = None,
+) -> None:
+    """Write a verifiers environment package's tasks as rows for the `verifiers_bridge` environment."""
+    _require("verifiers", "verifiers", "verifiers")
+    from functions.verifiers_bridge import tasksets
+    from runtime.errors import InvalidInput
+
+    try:
+        fields = json.loads(args)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--args: not JSON: {exc}") from None
+    if not isinstance(fields, dict):
+        raise InputError(f"--args: expected a JSON object, got {type(fields).__name__}")
+    try:
+        _write(_need(output), tasksets.rows(taskset, fields, limit), lambda r: r["verifiers"]["taskset"])
+    except InvalidInput as exc:
+        raise InputError(exc.reason) from None
+
+
 def _need(output: Path | None) -> Path:
     if output is None:
         raise InputError("--output/-o: name the task JSONL to write")
@@ -75,3 +98,4 @@ def _require(module: str, package: str, extra: str) -> None:
 
 def register_tasks_commands(guarded: Callable[[Callable[..., None]], Callable[..., None]]) -> None:
     tasks_app.command("reasoning-gym")(guarded(reasoning_gym))
+    tasks_app.command("verifiers")(guarded(verifiers))
