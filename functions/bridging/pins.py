@@ -18,6 +18,7 @@ GONE = (
 )
 """Transport errors that mean the instance is not there any more (refused, reset, closed mid-answer)."""
 
+
 class Answer:
     """What an instance answered: status, body, and the cookies it set."""
 

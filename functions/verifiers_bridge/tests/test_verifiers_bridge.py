@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("verifiers.v1", reason="verifiers is not installed (pip install -e '.[verifiers]')")
 
-from functions.verifiers_bridge import tasksets  # noqa: E402
-from runtime.checking import check  # noqa: E402
-from runtime.cli import app  # noqa: E402
-from runtime.errors import InvalidInput, VerifierError  # noqa: E402
-from runtime.testing import collect_rows  # noqa: E402
+from functions.verifiers_bridge import tasksets
+from runtime.checking import check
+from runtime.cli import app
+from runtime.errors import InvalidInput, VerifierError
+from runtime.testing import collect_rows
 
 PACKAGE = '''
 """Reverse the words of a phrase: most of the reward for the exact order, some for every word kept."""
