@@ -22,8 +22,10 @@ GONE = (
 class Answer:
     """What an instance answered: status, body, and the cookies it set."""
 
-    def __init__(self, status: int, body: bytes, cookies: dict[str, str]) -> None:
-        self.status, self.body, self.cookies = status, body, cookies
+    def __init__(
+        self, status: int, body: bytes, cookies: dict[str, str], headers: dict[str, str] | None = None
+    ) -> None:
+        self.status, self.body, self.cookies, self.headers = status, body, cookies, headers or {}
 
     @property
     def text(self) -> str:
@@ -36,15 +38,21 @@ class Answer:
 
 
 async def post(
-    url: str, body: Any, *, who: str, cookies: dict[str, str] | None = None, timeout_s: float = 300.0
+    url: str,
+    body: Any,
+    *,
+    who: str,
+    cookies: dict[str, str] | None = None,
+    timeout_s: float = 300.0,
+    method: str = "POST",
 ) -> Answer:
-    """POST JSON to a pinned instance; EnvLost names ``who`` if the instance is gone."""
+    """Send JSON to a pinned instance (POST by default); EnvLost names ``who`` if the instance is gone."""
     headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:  # a client per call: no connection outlives it, and no cookie is kept but the rollout's own
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout) as http:
-            async with http.post(url, json=body, headers=headers) as r:
+            async with http.request(method, url, json=body, headers=headers) as r:
                 data = await r.read()
-                return Answer(r.status, data, {k: m.value for k, m in r.cookies.items()})
+                return Answer(r.status, data, {k: m.value for k, m in r.cookies.items()}, dict(r.headers))
     except GONE as exc:
         raise EnvLost(f"{who} is gone ({type(exc).__name__}: {exc}); the rollout's state went with it") from None
