@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from functions.bridging import pins
 from functions.nemo_gym_bridge import servers, wire
 from functions.nemo_gym_bridge.references import reference
+from runtime import pins
 from runtime.sdk import Context, Environment, InvalidInput, Rollout, Task, Tool, ToolError, Verdict, VerifierError
 
 INSTANCE = "nemo_gym"

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from functions.bridging.instances import Child, Pool, spawn
+from runtime.instances import Child, Pool, spawn
 from runtime.sdk import InvalidInput, ToolError
 
 HERE = Path(__file__).resolve().parent

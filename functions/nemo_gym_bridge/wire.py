@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from functions.bridging import pins
+from runtime import pins
 from runtime.items import message_text, reasoning_text
 from runtime.sdk import EnvLost, Task, Verdict, VerifierError
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from functions.bridging import pins
 from functions.openenv_bridge import envs
+from runtime import pins
 from runtime.sdk import (
     Context,
     Environment,

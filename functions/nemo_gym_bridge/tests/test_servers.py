@@ -23,9 +23,9 @@ import pytest
 
 from broker.schemas import session_id
 from broker.topology import Limits
-from functions.bridging.instances import Child
 from functions.nemo_gym_bridge import servers
 from runtime.checking import check
+from runtime.instances import Child
 from runtime.testing import Harness, collect_rows
 
 pytestmark = pytest.mark.bridges

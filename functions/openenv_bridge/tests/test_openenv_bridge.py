@@ -20,12 +20,12 @@ import pytest
 
 pytest.importorskip("openenv.core", reason="openenv-core is not installed (pip install -e '.[openenv]')")
 
-from broker.schemas import session_id  # noqa: E402
-from broker.topology import Limits  # noqa: E402
-from functions.bridging.instances import free_port  # noqa: E402
-from functions.openenv_bridge import envs  # noqa: E402
-from runtime.checking import check  # noqa: E402
-from runtime.testing import Harness, collect_rows  # noqa: E402
+from broker.schemas import session_id
+from broker.topology import Limits
+from functions.openenv_bridge import envs
+from runtime.checking import check
+from runtime.instances import free_port
+from runtime.testing import Harness, collect_rows
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -101,13 +101,17 @@ async def test_check_passes_both_ways(server: tuple[str, Any], tmp_path: Path) -
     report = await check("openenv_bridge", write_rows(tmp_path / "rows.jsonl", rows(8)))
     assert report.ok, [t.problems for t in report.tasks]
     right = report.right(0)
-    assert {k: right.verifier[k] for k in ("done", "steps", "openenv")} == {"done": True, "steps": 2, "openenv": "guess"}
+    assert {k: right.verifier[k] for k in ("done", "steps", "openenv")} == {
+        "done": True,
+        "steps": 2,
+        "openenv": "guess",
+    }
     assert right.verifier["step_rewards"] == [0.0, 1.0]  # the miss, then the secret: one episode kept its state
     assert report.wrong(0).verifier["steps"] == 3
 
 
 async def test_rows_through_collect(server: tuple[str, Any], tmp_path: Path) -> None:
-    summary, out = await collect_rows(tmp_path, rows(6), env="openenv_bridge", repeats=2)
+    _, out = await collect_rows(tmp_path, rows(6), env="openenv_bridge", repeats=2)
     assert [r["reward"] for r in out] == [1.0] * 12, [r.get("failure_reason") for r in out]
     assert all(r["verifier"]["step_rewards"] == [0.0, 1.0] for r in out)
 

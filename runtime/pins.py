@@ -1,4 +1,5 @@
-"""A rollout pinned to one server instance: every call of the rollout goes to the instance recorded in
+"""A rollout pinned to one server instance (the bridges to NeMo Gym and OpenEnv keep their state in
+the memory of servers they do not control): every call of the rollout goes to the instance recorded in
 its state, and an instance that is gone (or has been replaced by another) ends the rollout as
 ``env_lost``: its state went with it, so no reward it could still give would be trusted."""
 

@@ -1,4 +1,5 @@
-"""Server instances a bridge starts itself: one child process each, on a free loopback port.
+"""Server instances an environment starts itself (the NeMo Gym and OpenEnv bridges): one child
+process each, on a free loopback port.
 
 An instance has a name no other start of it shares (``<server>_<8 hex>``), so a server that answers
 at the same address after a restart is told apart from the one a rollout was pinned to. Children
