@@ -12,6 +12,7 @@ the rollout as ``env_lost``, never with a reward.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 from functions.nemo_gym_bridge import servers, wire
@@ -72,7 +73,7 @@ class Forwarded(dict[str, Tool]):
         super().__init__()
         self._made: dict[str, Tool] = {}
 
-    def get(self, name: str, default: Any = None) -> Tool:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Tool:
         if name not in self._made:
             self._made[name] = forward(name)
         return self._made[name]
@@ -98,7 +99,7 @@ def _refused(key: str, what: str, answer: pins.Answer) -> Exception:
     return ToolError(f"NeMo Gym server {key!r} {what} answered {answer.status}: {detail}")
 
 
-def _check(meta: dict[str, Any]) -> dict[str, Any]:
+def _check(meta: Mapping[str, Any]) -> Mapping[str, Any]:
     """A row the bridge can route (InvalidInput names the field, or what is wrong with the servers file)."""
     try:
         servers.key_of(meta)

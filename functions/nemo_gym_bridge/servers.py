@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def settings() -> ServersFile:
     return _load(path, mtime)
 
 
-def key_of(meta: dict[str, Any]) -> str:
+def key_of(meta: Mapping[str, Any]) -> str:
     """The configured server a row goes to: its ``resources_server`` field, else the server its
     ``agent_ref`` names (``mcqa_simple_agent`` -> ``mcqa``: the key, or the longest key it starts
     with followed by ``_``), else the only server configured."""

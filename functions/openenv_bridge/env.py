@@ -57,7 +57,7 @@ async def seed(ctx: Context[Meta]) -> None:
     """Pin the rollout to a session host and open its episode there."""
     key = envs.key_of(ctx.task.meta.openenv.env)
     url, name = random.Random(ctx.session_id).choice(sorted(await envs.hosts(key)))
-    episode = {
+    episode: dict[str, Any] = {
         "env": key,
         "host": url,
         "instance": name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_a_missing_servers_file_is_named(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_the_response_verify_reads_has_nemo_gym_shapes() -> None:
     task = Task(index=3, rollout_index=1, meta={"expected_answer": "B"}, params={"tools": []}, input=[])
-    output = [
+    output: list[dict[str, Any]] = [
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "prompt_token_ids": [1]},
         {"type": "function_call_output", "call_id": "c1", "output": "3"},
@@ -74,7 +75,7 @@ def test_an_instance_answering_under_another_name_lost_the_state() -> None:
     assert pin["cookies"] == {"StatefulCounterResourcesServer___counter_1a2b3c4d": "v2", "lb": "x"}
     with pytest.raises(EnvLost, match="now answers as 'counter_9f9f9f9f'"):
         wire.keep_cookies(pin, {"StatefulCounterResourcesServer___counter_9f9f9f9f": "v3"})
-    running = {"server": "mcqa", "url": "http://y", "name": None, "cookies": {}}  # started elsewhere
+    running: dict[str, Any] = {"server": "mcqa", "url": "http://y", "name": None, "cookies": {}}  # started elsewhere
     wire.keep_cookies(running, {"MCQAResourcesServer___mcqa": "a"})
     with pytest.raises(EnvLost, match="restarted"):
         wire.keep_cookies(running, {"MCQAResourcesServer___mcqa_2": "b"})

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,7 +140,7 @@ async def test_the_rubric_scores_the_conversation(packages: Path) -> None:
 
 
 def test_tool_calls_become_one_assistant_turn() -> None:
-    items = [
+    items: list[dict[str, Any]] = [
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
         {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1}'},
         {"type": "function_call_output", "call_id": "c1", "output": "2"},
