@@ -8,6 +8,8 @@
     huge        calculator   returns GYMBUS_FAULTS_HUGE_MIB (9) MiB         context_length
     cancel      calculator   raises Cancelled                               cancelled
     internal    calculator   raises a bare GymError (a gymbus bug)          internal
+    lost        calculator   raises EnvLost (a pinned server died)          env_lost
+    lost_once   calculator   raises EnvLost on a rollout's first attempt    env_lost (retried: a new attempt)
 
 A test double, not a shipped environment: serve it with ``gymbus worker tests.fault_env:ENVIRONMENT``.
 """
@@ -21,8 +23,12 @@ import msgspec
 
 from functions.math.env import calculator as math_calculator
 from functions.math.env import verify as math_verify
-from runtime.errors import Cancelled, GymError
+from runtime.errors import Cancelled, EnvLost, GymError
 from runtime.sdk import Context, Environment, Rollout, Task, Verdict, tool
+
+
+LOST: set[str] = set()
+"""Rollouts ``lost_once`` has lost already (in this process)."""
 
 
 class Meta(msgspec.Struct, frozen=True):
@@ -46,6 +52,11 @@ async def calculator(ctx: Context[Meta], expression: str) -> str:
             raise Cancelled("the user cancelled this rollout")
         case "internal":
             raise GymError("an invariant broke")
+        case "lost":
+            raise EnvLost("the server holding this rollout's state died")
+        case "lost_once" if ctx.session_id not in LOST:
+            LOST.add(ctx.session_id)
+            raise EnvLost("the server holding this rollout's state died")
     return await math_calculator(expression)
 
 

@@ -101,6 +101,7 @@ CASES: dict[FailureKind, Case] = {
     "worker_lost": worker_lost,
     "cancelled": lambda h: _fault(h, "cancel"),
     "internal": lambda h: _fault(h, "internal"),
+    "env_lost": lambda h: _fault(h, "lost"),
 }
 
 
