@@ -26,7 +26,6 @@ from functions.math.env import verify as math_verify
 from runtime.errors import Cancelled, EnvLost, GymError
 from runtime.sdk import Context, Environment, Rollout, Task, Verdict, tool
 
-
 LOST: set[str] = set()
 """Rollouts ``lost_once`` has lost already (in this process)."""
 
