@@ -26,6 +26,9 @@ from broker.server import die_with_parent
 
 log = logging.getLogger("gymbus.bridges")
 
+RETRY_START_S = 30.0
+"""How long a pool whose instances failed to start fails at once instead of starting them again."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -109,10 +112,14 @@ class Pool:
         self.server, self.size, self._start, self.ready_path = server, size, start, ready_path
         self.children: list[Child] = []
         self._lock = asyncio.Lock()
+        self._failed: tuple[float, str] | None = None
 
     async def live(self) -> list[Child]:
-        """The pool's live instances, starting (or replacing) what is missing."""
+        """The pool's live instances, starting (or replacing) what is missing. A start that failed is
+        not tried again for ``RETRY_START_S``: the calls meanwhile fail at once, with its reason."""
         async with self._lock:
+            if self._failed is not None and time.monotonic() - self._failed[0] < RETRY_START_S:
+                raise RuntimeError(self._failed[1])
             dead = [c for c in self.children if not c.alive()]
             for c in dead:
                 log.warning("%s (%s) died (%s); starting another", c.name, c.url, c.proc.returncode)
@@ -122,10 +129,13 @@ class Pool:
             ]
             try:
                 await asyncio.gather(*(wait_ready(c, self.ready_path) for c in missing))
-            except BaseException:
+            except BaseException as exc:
                 for c in missing:
                     c.stop()
+                if isinstance(exc, RuntimeError):
+                    self._failed = (time.monotonic(), str(exc))
                 raise
+            self._failed = None
             self.children += missing
             return list(self.children)
 

@@ -157,16 +157,18 @@ def _start(key: str, name: str, port: int) -> Child:
 
 
 def _python(configured: str | None) -> str:
-    python = configured or os.environ.get("GYMBUS_NEMO_GYM_PYTHON")
+    """The interpreter of NeMo Gym's environment: the servers file's (relative to the file), else
+    ``$GYMBUS_NEMO_GYM_PYTHON`` (relative to the working directory)."""
+    if configured:
+        path = Path(configured).expanduser()
+        return str(path if path.is_absolute() or os.sep not in configured else servers_path().parent / path)
+    python = os.environ.get("GYMBUS_NEMO_GYM_PYTHON")
     if not python:
         raise SetupError(
             "no interpreter for NeMo Gym: set GYMBUS_NEMO_GYM_PYTHON (or `python:` in the servers file) to a "
             "Python that has nemo-gym installed (functions/nemo_gym_bridge/README.md)"
         )
-    resolved = Path(python).expanduser()
-    if not resolved.is_absolute() and os.sep in python:
-        resolved = (servers_path().parent / resolved).resolve()
-    return str(resolved)
+    return str(Path(python).expanduser().absolute()) if os.sep in python else python
 
 
 @functools.cache
