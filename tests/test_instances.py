@@ -36,7 +36,7 @@ async def test_a_dead_instance_is_replaced_under_a_new_name(tmp_path: Path) -> N
         first[0].proc.wait()
         second = await pool.live()
         assert first[1] in second and first[0] not in second and len(second) == 2
-        with pytest.raises(EnvLost, match="instance files_.* is gone"):
+        with pytest.raises(EnvLost, match=r"instance files_.* is gone"):
             await pins.post(first[0].url + "/", {}, who=f"instance {first[0].name}", method="GET")
         answer = await pins.post(second[0].url + "/", None, who="x", method="GET")
         assert answer.status == 200
@@ -46,7 +46,7 @@ async def test_a_dead_instance_is_replaced_under_a_new_name(tmp_path: Path) -> N
 
 async def test_a_start_that_fails_says_why_and_is_not_retried_at_once(tmp_path: Path) -> None:
     pool = Pool("broken", 1, _http_server(tmp_path, fail=True))
-    with pytest.raises(RuntimeError, match="exited .* no luck"):
+    with pytest.raises(RuntimeError, match=r"exited .* no luck"):
         await pool.live()
     logs = sorted(tmp_path.glob("broken_*.log"))
     with pytest.raises(RuntimeError, match="no luck"):
