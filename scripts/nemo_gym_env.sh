@@ -8,10 +8,13 @@ venv=${1:-.venv-nemo-gym}
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import nemo_gym, resources_servers" 2>/dev/null; then
   exit 0
 fi
-py=$(command -v python3.13 || true)
-if [ -z "$py" ]; then
-  py=$(ls -d "$HOME"/.pyenv/versions/3.13*/bin/python 2>/dev/null | sort -V | tail -1 || true)
-fi
+py=""
+for candidate in $(ls -d "$HOME"/.pyenv/versions/3.13*/bin/python 2>/dev/null | sort -V -r) $(command -v python3.13 || true); do
+  if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null; then
+    py=$candidate
+    break
+  fi
+done
 if [ -z "$py" ]; then
   echo "no Python 3.13 here: the NeMo Gym servers' tests will be skipped"
   exit 0
