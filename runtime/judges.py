@@ -48,8 +48,6 @@ class Binding:
 
 
 _BOUND: contextvars.ContextVar[Binding | None] = contextvars.ContextVar("gymbus_env_models", default=None)
-
-
 @contextlib.contextmanager
 def bound(js: JetStreamContext, session: Session, respond: Any = None) -> Iterator[Binding]:
     """Bind ``session`` for the environment code run inside: its model calls go through ``respond``

@@ -84,4 +84,6 @@ def reference(task: Task[Meta]) -> Reference:
     return Reference(right=_say(m.expected_answer, m.extraction_mode), wrong=_say("not sure", m.extraction_mode))
 
 
-ENVIRONMENT = Environment(name="string_match", meta=Meta, verify=verify, reference=reference, accepts=["string_match"])
+ENVIRONMENT = Environment(
+    name="string_match", meta=Meta, verify=verify, reference=reference, accepts=["string_match"]
+)

@@ -1,17 +1,17 @@
 """The engine: what runs a function's messages, exactly once.
 
-worker.py       Worker: binds a function to its durable consumers, runs, settles and drains messages
-pull.py         one-shot pull requests and handler slots per consumer
-transitions.py  the rollout state machine: one transition, exactly once (CAS on the step counter)
-agents.py       the agent role: Start and Resume run the agent's step
-environments.py the environment roles: Seed, Tools (the model's tool calls) and Verify
-records.py      session records and Results: opened from a Start, kept within one message
-failures.py     ending a rollout as one failed Result, whatever the message in hand
-retry.py        which failure kinds are redelivered
-janitor.py      the backstops: lost messages, rollout deadlines, unserved subjects
-deadletters.py  the dead-letter stream and replay
-metrics.py      a worker's /metrics and /healthz
-audit.py        the exactly-once audit of a run's streams (tests, the fault suite)
+    worker.py       Worker: binds a function to its durable consumers, runs, settles and drains messages
+    pull.py         one-shot pull requests and handler slots per consumer
+    transitions.py  the rollout state machine: one transition, exactly once (CAS on the step counter)
+    agents.py       the agent role: Start and Resume run the agent's step
+    environments.py the environment roles: Seed, Tools (the model's tool calls) and Verify
+    records.py      session records and Results: opened from a Start, kept within one message
+    failures.py     ending a rollout as one failed Result, whatever the message in hand
+    retry.py        which failure kinds are redelivered
+    janitor.py      the backstops: lost messages, rollout deadlines, unserved subjects
+    deadletters.py  the dead-letter stream and replay
+    metrics.py      a worker's /metrics and /healthz
+    audit.py        the exactly-once audit of a run's streams (tests, the fault suite)
 """
 
 HTTP_PORT_ENV = "GYMBUS_HTTP_PORT"

@@ -51,6 +51,7 @@ from runtime.telemetry.spans import RolloutSpans
 log = logging.getLogger("gymbus.collect")
 
 
+
 @dataclass
 class Summary:
     run_id: str
@@ -101,7 +102,9 @@ async def collect(
 class Collector:
     """One `gymbus collect` of a prepared run."""
 
-    def __init__(self, plan: Plan, *, quiet: bool, console: Any, replay: list[int] | None, extend: bool) -> None:
+    def __init__(
+        self, plan: Plan, *, quiet: bool, console: Any, replay: list[int] | None, extend: bool
+    ) -> None:
         self.plan, self.cfg = plan, plan.cfg
         self.quiet, self.console, self.replay, self.extend = quiet, console, replay, extend
         self.folder = RunFolder(self.cfg.output, plan.run_id)

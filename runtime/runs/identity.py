@@ -77,7 +77,9 @@ def _show(value: Any) -> str:
     return "none" if value is None else repr(value)
 
 
-async def open_manifest(js: JetStreamContext, manifest: Manifest, *, extend: bool, folder: RunIdentity | None) -> bool:
+async def open_manifest(
+    js: JetStreamContext, manifest: Manifest, *, extend: bool, folder: RunIdentity | None
+) -> bool:
     """Record the run's manifest in the ``runs`` bucket, or check a resume against the one there (and
     the run folder's record, for a broker that never saw the run). True if this broker had none."""
     assert manifest.identity is not None
