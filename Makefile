@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gymbus needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,math,ray,envs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,math,ray,envs,sandbox,docker]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

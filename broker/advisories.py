@@ -15,6 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from broker import topology
+from broker.denials import create_or_find
 
 JANITOR = "janitor"
 """Durable consumer of the advisory stream, shared by every janitor."""
@@ -49,5 +50,10 @@ def function_of(consumer: str) -> str:
 
 
 async def ensure_consumer(js: JetStreamContext) -> str:
-    await js.add_consumer(topology.ADVISORY_STREAM, config=consumer_config())
+    """Create (or update) the janitors' consumer; an identity that may not finds the one `gymbus init` made."""
+    await create_or_find(
+        js.add_consumer(topology.ADVISORY_STREAM, config=consumer_config()),
+        lambda: js.consumer_info(topology.ADVISORY_STREAM, JANITOR),
+        f"consumer {JANITOR}",
+    )
     return JANITOR

@@ -17,6 +17,9 @@ from contextlib import asynccontextmanager
 import nats
 from nats.aio.client import Client
 
+from broker.auth import ClientAuth, client_auth
+from broker.denials import GuardedClient
+
 log = logging.getLogger("gymbus.broker")
 
 DEFAULT_URL_ENV = "GYMBUS_NATS_URL"
@@ -33,10 +36,16 @@ def connect_timeout() -> float:
     return float(os.environ.get(CONNECT_TIMEOUT_ENV) or CONNECT_TIMEOUT_S)
 
 
-async def connect(url: str, *, name: str = "gymbus", connect_timeout_s: float | None = None) -> Client:
-    """Connect, retrying the first connection for ``connect_timeout_s``, then reconnect forever."""
+async def connect(
+    url: str, *, name: str = "gymbus", connect_timeout_s: float | None = None, auth: ClientAuth | None = None
+) -> Client:
+    """Connect, retrying the first connection for ``connect_timeout_s``, then reconnect forever.
+
+    ``auth``: the identity and TLS settings (default: from $NATS_NKEY, $NATS_CREDS, $NATS_TLS_*; see
+    broker/auth.py). A permission the broker denies fails the call at once (broker/denials.py); a broker
+    that refuses the identity itself is not retried."""
     timeout = connect_timeout() if connect_timeout_s is None else connect_timeout_s
-    link = _Link(name, url)
+    link = _Link(name, url, auth if auth is not None else client_auth())
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -44,13 +53,18 @@ async def connect(url: str, *, name: str = "gymbus", connect_timeout_s: float | 
             nc = await link.open(max(1, int(min(5.0, deadline - loop.time()))))
         except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
             link.errors.append(exc)
-            if loop.time() >= deadline:
+            if link.refused() or loop.time() >= deadline:
                 break
             await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
             continue
         nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
         link.connected = True
         return nc
+    if link.refused():
+        raise BrokerUnavailable(
+            f"the broker at {url} refused identity {link.auth.identity or '(none)'} ({_reason(link.errors)}): "
+            "check NATS_NKEY / NATS_CREDS (see `gymbus auth init`)"
+        )
     raise BrokerUnavailable(
         f"no NATS broker answers at {url} ({_reason(link.errors)}) after {timeout:g} s: start one, or check --nats / "
         f"{DEFAULT_URL_ENV}"
@@ -60,14 +74,18 @@ async def connect(url: str, *, name: str = "gymbus", connect_timeout_s: float | 
 class _Link:
     """One process's connection attempts to a broker, and the callbacks that report on them."""
 
-    def __init__(self, name: str, url: str) -> None:
-        self.name, self.url = name, url
+    def __init__(self, name: str, url: str, auth: ClientAuth) -> None:
+        self.name, self.url, self.auth = name, url, auth
         self.connected = False
         self.errors: list[BaseException] = []
-        self.nc: Client | None = None
+        self.nc: GuardedClient | None = None
+
+    def refused(self) -> bool:
+        """Whether the broker refused this identity (retrying cannot help)."""
+        return any(isinstance(e, nats.errors.AuthorizationError) for e in self.errors)
 
     async def open(self, connect_timeout: int) -> Client:
-        self.nc = nc = Client()
+        self.nc = nc = GuardedClient(self.auth.identity)
         await nc.connect(
             self.url,
             name=self.name,
@@ -79,10 +97,11 @@ class _Link:
             max_outstanding_pings=3,
             pending_size=64 * 2**20,  # publishes buffered while reconnecting
             connect_timeout=connect_timeout,
-            error_cb=self.on_error,
+            error_cb=nc.reporting(self.on_error),
             disconnected_cb=self.on_disconnect,
             reconnected_cb=self.on_reconnect,
             user_credentials=os.environ.get("NATS_CREDS") or None,
+            **self.auth.options,
         )
         return nc
 
@@ -104,6 +123,8 @@ def _reason(errors: list[BaseException]) -> str:
     for exc in reversed(errors):
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused"
+        if isinstance(exc, nats.errors.AuthorizationError):
+            return "authorization violation"
         if not isinstance(exc, nats.errors.NoServersError):
             text = str(exc) or type(exc).__name__
             return text.split("] ", 1)[-1].strip()

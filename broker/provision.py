@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nats.js import JetStreamContext
 
-from broker import names, topology
+from broker import advisories, names, topology
 from broker.topology import Limits, Role
 
 
@@ -25,7 +25,9 @@ def roles(agents: list[str], envs: list[str]) -> list[tuple[Role, str]]:
 
 
 async def provision(js: JetStreamContext, agents: list[str], envs: list[str], limits: Limits) -> list[str]:
-    """Create (or update) every stream and bucket, and the durable consumers of the named functions."""
+    """Create (or update) every stream and bucket, the durable consumers of the named functions, and
+    the profiler's and the janitors' (which their least-privileged identities may not create)."""
     wanted = roles(agents, envs)
     await topology.ensure(js, limits)
-    return [await topology.ensure_consumer(js, role, name, limits) for role, name in wanted]
+    made = [await topology.ensure_consumer(js, role, name, limits) for role, name in wanted]
+    return [*made, await topology.ensure_profiler(js, limits), await advisories.ensure_consumer(js)]

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from broker.credentials import TlsFiles, tls_block
 from broker.topology import MAX_MSG_SIZE
 
 _log = logging.getLogger("gymbus.broker")
@@ -86,9 +87,12 @@ def render_config(
     max_payload: int = MAX_MSG_SIZE,
     ports_dir: Path | None = None,
     sync: str | None = None,
+    auth_conf: Path | None = None,
+    tls: TlsFiles | None = None,
 ) -> str:
     """nats-server configuration text; port -1 asks the server for a free port; ``sync`` as in
-    `sync_setting` (which also reads $GYMBUS_BROKER_SYNC)."""
+    `sync_setting` (which also reads $GYMBUS_BROKER_SYNC); ``auth_conf`` an authorization block to
+    include (`gymbus auth init`'s server/auth.conf); ``tls`` the client port's certificate."""
     interval = sync_setting(sync, sync_always=sync_always)
     lines = [
         f"host: {json.dumps(host)}",
@@ -103,6 +107,10 @@ def render_config(
         lines.append(f"http: {json.dumps(f'{host}:{http_port}')}")
     if ports_dir is not None:
         lines.append(f"ports_file_dir: {json.dumps(str(ports_dir))}")
+    if auth_conf is not None:
+        lines.append(Path(auth_conf).read_text())  # inlined: an include resolves against the config's folder
+    if tls is not None:
+        lines.append(tls_block(tls))
     return "\n".join(line for line in lines if line) + "\n"
 
 
@@ -119,7 +127,11 @@ class EmbeddedServer:
         log_file: str | Path | None = None,
         die_with_parent: bool = False,
         sync: str | None = None,
+        auth_conf: str | Path | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """``auth_conf``: per-role identities (the server/auth.conf of `gymbus auth init`; clients then
+        need $NATS_NKEY); ``tls``: TLS on the client port (clients need $NATS_TLS_CA)."""
         self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="gymbus-nats-")
         self.store_dir = Path(store_dir) if store_dir else Path(self._tmp.name if self._tmp else "")
         self.port = port
@@ -129,6 +141,8 @@ class EmbeddedServer:
         self.sync_always = self.sync == "always"
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
         self.die_with_parent = die_with_parent
+        self.auth_conf = Path(auth_conf) if auth_conf else None
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.monitor_url = ""
@@ -144,6 +158,8 @@ class EmbeddedServer:
                 http_port=self.http_port,
                 sync=self.sync,
                 ports_dir=ports_dir,
+                auth_conf=self.auth_conf,
+                tls=self.tls,
             )
         )
         if self.sync != "always":

@@ -11,6 +11,7 @@
     KV sessions  <run_id>.<task>.<rollout>  live rollout state (CAS on the step counter)
     KV runs      <run_id>...                 run manifests and profiler snapshots (<run_id>.profile)
     KV models    <model name>                the model's live endpoints
+    KV sandboxes <pool>.<slot>               fleet-wide sandbox admission: one leased key per running sandbox
 
 Every function has one durable pull consumer per subject, shared by all its replicas; the profiler
 has one on the results stream (``profiler``, all of ``gym.result.>``).
@@ -35,6 +36,8 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
+from broker.denials import PermissionDenied, create_or_find
+
 WORK_STREAM = "GYM_WORK"
 RESULTS_STREAM = "GYM_RESULTS"
 DEAD_STREAM = "GYM_DEAD"
@@ -45,6 +48,8 @@ stream so none is lost while no janitor listens (see runtime/engine/janitor.py).
 SESSIONS = "sessions"
 RUNS = "runs"
 MODELS = "models"
+SANDBOXES = "sandboxes"
+"""Leases of the fleet-wide sandbox semaphore (runtime/sandbox/admission.py); per-key TTLs."""
 
 MAX_MSG_SIZE = 8 * 1024 * 1024
 """Largest message a stream accepts; the shipped server config raises max_payload to match."""
@@ -226,8 +231,13 @@ def profiler_consumer(limits: Limits = DEFAULT_LIMITS) -> ConsumerConfig:
 
 
 async def ensure_profiler(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> str:
-    """Create (or update) the profiler's durable consumer on the results stream; returns its name."""
-    await js.add_consumer(RESULTS_STREAM, config=profiler_consumer(limits))
+    """Create (or update) the profiler's durable consumer on the results stream; returns its name.
+    An identity that may not (broker/auth.py) finds the one `gymbus init` made."""
+    await create_or_find(
+        js.add_consumer(RESULTS_STREAM, config=profiler_consumer(limits)),
+        lambda: js.consumer_info(RESULTS_STREAM, PROFILER),
+        f"consumer {PROFILER}",
+    )
     return PROFILER
 
 
@@ -240,6 +250,7 @@ def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
         kv_stream(SESSIONS, ttl_s=limits.session_ttl_s),
         kv_stream(RUNS),
         kv_stream(MODELS),
+        kv_stream(SANDBOXES),
     ]
     for config in configs:
         config.num_replicas = limits.stream_replicas
@@ -247,7 +258,8 @@ def streams(limits: Limits = DEFAULT_LIMITS) -> list[StreamConfig]:
 
 
 async def ensure(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Create every stream and bucket, or bring an existing one to this configuration."""
+    """Create every stream and bucket, or bring an existing one to this configuration. An identity
+    that may not change streams (broker/auth.py) checks they exist: an admin provisioned them."""
     for config in streams(limits):
         await _ensure_stream(js, config)
 
@@ -255,8 +267,11 @@ async def ensure(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> None:
 async def ensure_consumer(js: JetStreamContext, role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> str:
     """Create (or update) the durable consumer of ``gym.<role>.<name>``; returns its name."""
     config = consumer(role, name, limits)
-    await js.add_consumer(WORK_STREAM, config=config)
-    return config.durable_name or ""
+    name_ = config.durable_name or ""
+    await create_or_find(
+        js.add_consumer(WORK_STREAM, config=config), lambda: js.consumer_info(WORK_STREAM, name_), f"consumer {name_}"
+    )
+    return name_
 
 
 async def has_consumer(js: JetStreamContext, role: Role, name: str) -> bool:
@@ -277,4 +292,13 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         except BadRequestError as exc:  # created concurrently by another process
             if exc.err_code != 10058:
                 raise
-    await js.update_stream(config)
+        except PermissionDenied as denied:
+            raise PermissionDenied(
+                denied.identity,
+                f"{denied.operation}, which does not exist yet: run `gymbus init` as admin first",
+                denied.subject,
+            ) from None
+    try:
+        await js.update_stream(config)
+    except PermissionDenied:
+        pass  # provisioned by an admin; this identity only uses it

@@ -6,6 +6,7 @@
     ├── ContextLength    context_length   the conversation no longer fits the model's context
     ├── ToolError        tool_error       an environment tool raised
     ├── VerifierError    verifier_error   the verifier raised
+    ├── SandboxError     sandbox_error    a code sandbox could not run (backend unavailable, start failed)
     ├── JudgeError       judge_error      a judge model's verdict was not in the expected form
     ├── EnvLost          env_lost         the environment instance holding the rollout's state was lost
     ├── Timeout          timeout          a step ran past its deadline
@@ -75,6 +76,15 @@ class VerifierError(GymError):
     kind = "verifier_error"
 
 
+class SandboxError(GymError):
+    """A code sandbox could not run the candidate's code: the infrastructure failed, not the candidate.
+
+    Raised by ``runtime.sandbox`` (backend unavailable, a start that failed, no admission in time);
+    the candidate's own failures (wrong output, crash, timeout, memory) are verdicts, never this."""
+
+    kind = "sandbox_error"
+
+
 class JudgeError(GymError):
     """A judge model answered, but not with a verdict in the form the environment expects: the
     rollout has no reward (a verdict nobody could read is not a wrong answer)."""
@@ -130,5 +140,5 @@ class InputError(UsageError, ValueError):
     """The task file, a run id or a function cannot be used; the message says which and why."""
 
 
-RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "internal"})
+RETRIED_KINDS: frozenset[FailureKind] = frozenset({"tool_error", "verifier_error", "sandbox_error", "internal"})
 """The default retry policy (``runtime.engine.retry.DEFAULT_RETRY``; a run overrides it with ``Options.retry``)."""

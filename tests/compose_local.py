@@ -136,6 +136,9 @@ class LocalStack:
                 local.parent.mkdir(parents=True, exist_ok=True)
                 local.write_text(self.net.file((ROOT / source).read_text(), name, volumes))
                 out[target] = local
+                for inside, folder in volumes.items():  # a volume beside it, as a relative include sees it
+                    if Path(inside).parent == Path(target).parent and not (local.parent / Path(inside).name).exists():
+                        (local.parent / Path(inside).name).symlink_to(folder)
         return out
 
     def argv(self, name: str, argv: list[str], replica: int = 0) -> list[str]:
@@ -147,7 +150,8 @@ class LocalStack:
 
     def env(self, name: str, replica: int = 0, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("GYMBUS_", "OTEL_", "NATS_"))}
-        own = {k: self.net.token(v, name, replica) for k, v in self.services[name].env.items()}
+        paths = self.paths(name)
+        own = {k: self.net.token(_local(v, paths), name, replica) for k, v in self.services[name].env.items()}
         return {**base, **own, **(extra or {})}
 
     # -- running ------------------------------------------------------------------------------
@@ -231,3 +235,11 @@ class LocalStack:
             for proc in self.procs[name]:
                 proc.stop()
         self.procs.clear()
+
+
+def _local(value: str, paths: Mapping[str, Path]) -> str:
+    """A container path in an environment value (NATS_NKEY=/etc/...), as the local path it maps to."""
+    for inside, local in paths.items():
+        if value == inside or value.startswith(inside + "/"):
+            return str(local) + value[len(inside) :]
+    return value

@@ -249,20 +249,28 @@ class Service:
 
     @property
     def mounts(self) -> list[tuple[str, str]]:
-        """(source, container path) of each volume; a source starting with . is a file of the repository."""
+        """(source, container path) of each volume; a source starting with . is a file of the repository, a
+        volume's subpath is ``<volume>/<subpath>``."""
         out = []
         for v in self.spec.get("volumes") or []:
             source, target = (v["source"], v["target"]) if isinstance(v, dict) else v.split(":")[:2]
-            out.append((source, target))
+            subpath = (v.get("volume") or {}).get("subpath") if isinstance(v, dict) else None
+            out.append((f"{source}/{subpath}" if subpath else source, target))
         return out
 
 
 def services(compose: Mapping[str, Any] | None = None) -> dict[str, Service]:
     compose = compose if compose is not None else load_compose()
+    builds: dict[str, dict[str, Any]] = {}
+    for spec in compose["services"].values():
+        if spec.get("build") and spec.get("image"):
+            build = spec["build"]
+            builds[spec["image"]] = {"context": build} if isinstance(build, str) else build
     out = {}
     for name, spec in compose["services"].items():
         build = spec.get("build")
         if isinstance(build, str):
             build = {"context": build}
+        build = build or builds.get(spec.get("image", ""))  # an image another service builds
         out[name] = Service(name, spec, image_of(build) if build else None)
     return out

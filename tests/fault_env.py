@@ -10,6 +10,7 @@
     internal    calculator   raises a bare GymError (a gymbus bug)          internal
     lost        calculator   raises EnvLost (a pinned server died)          env_lost
     lost_once   calculator   raises EnvLost on a rollout's first attempt    env_lost (retried: a new attempt)
+    sandbox     calculator   runs code in a sandbox that cannot start       sandbox_error
 
 A test double, not a shipped environment: serve it with ``gymbus worker tests.fault_env:ENVIRONMENT``.
 """
@@ -24,6 +25,7 @@ import msgspec
 from functions.math.env import calculator as math_calculator
 from functions.math.env import verify as math_verify
 from runtime.errors import Cancelled, EnvLost, GymError
+from runtime.sandbox import Sandbox, SandboxConfig
 from runtime.sdk import Context, Environment, Rollout, Task, Verdict, tool
 
 LOST: set[str] = set()
@@ -56,6 +58,8 @@ async def calculator(ctx: Context[Meta], expression: str) -> str:
         case "lost_once" if ctx.session_id not in LOST:
             LOST.add(ctx.session_id)
             raise EnvLost("the server holding this rollout's state died")
+        case "sandbox":  # an interpreter that is not there: the sandbox, not the code, failed
+            await Sandbox(SandboxConfig(python="/nonexistent/python3", allow_same_uid=True)).run("print(1)")
     return await math_calculator(expression)
 
 

@@ -28,8 +28,7 @@ GYMBUS = {name: svc for name, svc in SERVICES.items() if svc.runs_gymbus}
 WORKERS = {name: svc for name, svc in GYMBUS.items() if svc.argv[:2] == ["gymbus", "worker"]}
 LONG_RUNNING = {name for name, svc in GYMBUS.items() if not svc.one_shot}
 ON_THE_BROKER = {name for name, svc in GYMBUS.items() if "GYMBUS_NATS_URL" in svc.env}
-NO_HEALTH_CHECK = {"profiler": "the profiler serves no health endpoint (issue 3)"}
-"""Long-running gymbus services without a health check, and why."""
+VOLUMES = set(load_compose().get("volumes") or {})
 LIMIT_VARS = {f"GYMBUS_{name.upper()}" for name in Limits.__dataclass_fields__}
 PEER = re.compile(r"(?<![\w.-])(" + "|".join(sorted(map(re.escape, SERVICES), key=len, reverse=True)) + r"):(\d+)")
 
@@ -80,6 +79,7 @@ def test_every_image_is_built_here_or_pinned(name: str) -> None:
 def referenced_files() -> list[object]:
     """(service, file) for every repository file a service mounts or names on its command line."""
     pairs = [(name, src.removeprefix("./")) for name, svc in SERVICES.items() for src, _ in svc.mounts]
+    pairs = [(name, src) for name, src in pairs if src.split("/")[0] not in VOLUMES]  # a volume's subpath
     named = [(name, arg) for name, svc in SERVICES.items() for arg in svc.argv]
     pairs += [(name, arg) for name, arg in named if arg.startswith(("configs/", "functions/"))]
     pairs = [(name, path) for name, path in pairs if not path.startswith(("/", "~")) and "/" in path]
@@ -127,11 +127,12 @@ def test_services_share_one_broker_collector_and_limits() -> None:
     for key in ["GYMBUS_NATS_URL", *sorted(LIMIT_VARS)]:
         values = {GYMBUS[name].env.get(key) for name in ON_THE_BROKER}
         assert len(values) == 1, f"{key} differs between services: {values}"
+    traced = {name: svc for name, svc in GYMBUS.items() if name != "auth"}  # auth only writes files
     for key in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_RESOURCE_ATTRIBUTES"]:
-        values = {svc.env.get(key) for svc in GYMBUS.values()}
+        values = {svc.env.get(key) for svc in traced.values()}
         assert len(values) == 1, f"{key} differs between services: {values}"
-    assert ON_THE_BROKER == set(GYMBUS) - {"policy"}  # the simulated policy is the one that needs no broker
-    names = [svc.env.get("OTEL_SERVICE_NAME") for svc in GYMBUS.values()]
+    assert ON_THE_BROKER == set(GYMBUS) - {"policy", "auth"}  # the simulated policy and the key writer need none
+    names = [svc.env.get("OTEL_SERVICE_NAME") for svc in traced.values()]
     assert all(names) and len(set(names)) == len(names)
 
 
@@ -149,8 +150,12 @@ def test_broker_listens_where_the_services_connect() -> None:
     conf, nats = nats_config(), SERVICES["nats"]
     assert {int(conf["port"]), int(conf["http_port"])} == nats.ports
     assert nats.spec["image"].startswith("nats:") and nats.spec["image"].endswith("-alpine")  # wget for the check
-    assert nats.argv == ["nats-server", "--config", "/etc/nats/nats-server.conf"]
+    assert nats.argv == ["nats-server", "--config", "/etc/nats/gymbus.conf"]
+    assert ("./configs/nats-server-auth.conf", "/etc/nats/gymbus.conf") in nats.mounts
     assert ("./configs/nats-server.conf", "/etc/nats/nats-server.conf") in nats.mounts
+    includes = re.findall(r"^include (\S+)", (ROOT / "configs" / "nats-server-auth.conf").read_text(), flags=re.M)
+    assert includes == ["nats-server.conf", "auth/auth.conf"]  # the shipped settings, then the identities
+    assert ("auth/server", "/etc/nats/auth") in nats.mounts  # what `gymbus auth init` writes there
     assert ("nats-data", conf["store_dir"]) in nats.mounts  # JetStream's store on a volume
     published = [str(p) for p in nats.spec["ports"]]
     assert published == [f"127.0.0.1:{conf['port']}:{conf['port']}"]  # clients on the host; monitoring unpublished
@@ -166,7 +171,7 @@ def test_traces_go_from_every_service_to_the_collector_and_on_to_jaeger() -> Non
     protocols = config["receivers"]["otlp"]["protocols"]
     listening = {kind: int(p["endpoint"].rsplit(":", 1)[1]) for kind, p in protocols.items()}
     assert set(listening.values()) <= collector.ports
-    for svc in GYMBUS.values():
+    for svc in (s for name, s in GYMBUS.items() if name != "auth"):  # auth only writes files
         kind = "grpc" if svc.env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc" else "http"
         assert peers(svc.env["OTEL_EXPORTER_OTLP_ENDPOINT"]) == [("otel-collector", listening[kind])]
 
@@ -182,9 +187,10 @@ def test_traces_go_from_every_service_to_the_collector_and_on_to_jaeger() -> Non
 
 
 def test_long_running_services_have_health_checks() -> None:
+    """`docker compose up --wait` needs a check that means ready on every service that keeps running."""
     without = {name for name in LONG_RUNNING if SERVICES[name].healthcheck is None}
-    assert without == set(NO_HEALTH_CHECK)
-    for name in ["nats", *WORKERS]:
+    assert without == set()
+    for name in ["nats", "profiler", *WORKERS]:
         check = " ".join(SERVICES[name].healthcheck or [])
         assert "healthz" in check or "gymbus-healthcheck" in check, check
     assert f"localhost:{nats_config()['http_port']}/healthz" in " ".join(SERVICES["nats"].healthcheck or [])
@@ -257,11 +263,30 @@ def test_tools_profile() -> None:
     assert SERVICES["submit"].profiles == ["tools"] and SERVICES["submit"].one_shot
 
 
+def test_every_broker_client_has_its_own_identity_and_nothing_else() -> None:
+    """Each service mounts only its own seed (a subpath of the auth volume) and names it in NATS_NKEY."""
+    from broker.auth import identities
+
+    names = {i.name for i in identities(["simple_agent"], ["math"])}
+    auth = SERVICES["auth"]
+    assert auth.argv[:3] == ["gymbus", "auth", "init"] and auth.one_shot
+    assert ("auth", auth.argv[3]) in auth.mounts
+    for name, svc in SERVICES.items():
+        if name in ON_THE_BROKER or name in ("nats-box", "model"):
+            seed = svc.env["NATS_NKEY"]
+            identity = seed.rsplit("/", 1)[1].removesuffix(".nk")
+            assert identity in names, name
+            assert [m for m in svc.mounts if m[0].startswith("auth")] == [(f"auth/{identity}", seed.rsplit("/", 1)[0])]
+    used = {SERVICES[n].env["NATS_NKEY"].rsplit("/", 1)[1].removesuffix(".nk") for n in ON_THE_BROKER}
+    assert used == {"admin", "agent-simple_agent", "env-math", "profiler", "janitor", "submitter", "model"}
+
+
 def test_readme_describes_this_stack() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## `docker compose up`", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| service | runs | notes |", 1)[1].split("\n\n", 1)[0]
     listed = {
-        name for row in re.findall(r"^\| (`[^|]+`) \|", section, flags=re.M) for name in re.findall(r"`([^`]+)`", row)
+        name for row in re.findall(r"^\| (`[^|]+`) \|", table, flags=re.M) for name in re.findall(r"`([^`]+)`", row)
     }
     assert listed - {"service"} == {name for name, svc in SERVICES.items() if not svc.profiles}
     assert SERVICES["nats"].spec["image"] in section

@@ -40,8 +40,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
 
 def test_default_services_start_and_stay_up(stack: tuple[LocalStack, OtlpReceiver]) -> None:
     local, _ = stack
-    assert set(DEFAULT) == {"nats", "init", "policy", "simple_agent", "math", "profiler", "otel-collector", "jaeger"}
-    assert [p.popen.returncode for p in local.procs["init"]] == [0]
+    assert set(DEFAULT) == {
+        *("auth", "nats", "init", "policy", "simple_agent", "math", "profiler", "janitor", "otel-collector", "jaeger")
+    }
+    assert [p.popen.returncode for p in local.procs["auth"]] == [0] == [p.popen.returncode for p in local.procs["init"]]
     assert len(local.procs["math"]) == 2
     for name in ["nats", "policy", *WORKERS]:
         assert all(p.alive() for p in local.procs[name]), name

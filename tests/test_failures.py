@@ -96,6 +96,7 @@ CASES: dict[FailureKind, Case] = {
     "context_length": lambda h: _policy(h, mode="context"),
     "tool_error": lambda h: _fault(h, "tool"),
     "verifier_error": lambda h: _fault(h, "verifier"),
+    "sandbox_error": lambda h: _fault(h, "sandbox"),
     "judge_error": judge_error,
     "timeout": lambda h: _policy(h, hang=1.0, hang_s=10.0),
     "worker_lost": worker_lost,
@@ -126,4 +127,4 @@ async def test_failure_is_never_a_reward(tmp_path: typing.Any, kind: FailureKind
 def _retried_once_at_most(result: Result, kind: str) -> bool:
     """Deterministic kinds end on the first delivery; their reasons never mention giving up."""
     gave_up = "gave up after" in (result.failure_reason or "")
-    return gave_up == (kind in ("tool_error", "verifier_error", "internal"))
+    return gave_up == (kind in ("tool_error", "verifier_error", "sandbox_error", "internal"))

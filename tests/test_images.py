@@ -52,7 +52,9 @@ def test_function_image_is_multi_stage_slim_and_non_root() -> None:
 def test_function_image_installs_its_function_and_runs_its_worker() -> None:
     image = function_image("math")
     build = run_lines(image, 0)
-    assert 'pip install -r "functions/${FUNCTION}/requirements.txt"' in build
+    assert "pip install --no-deps -r requirements.lock" in build  # pinned, nothing left to the resolver
+    assert 'pip install -c requirements.lock -r "functions/${FUNCTION}/requirements.txt"' in build
+    assert "pip check" in build  # a lock that no longer covers pyproject.toml fails the build
     assert image.entrypoint == ["gymbus", "worker"] and image.cmd == []
     assert image.env["GYMBUS_FUNCTION"] == "math"  # `gymbus worker` reads its FUNCTION argument from it
     assert [c.value for c in image.stages[0] if c.cmd == "ARG"] == [("FUNCTION",)]
@@ -63,6 +65,28 @@ def test_function_image_health_check_probes_the_worker_port() -> None:
     assert image.healthcheck == ["CMD", "python", "/usr/local/bin/gymbus-healthcheck"]
     assert image.copies["/usr/local/bin/gymbus-healthcheck"] == "images/function/healthcheck.py"
     assert image.expose == [int(image.env["GYMBUS_HTTP_PORT"])]
+
+
+def test_function_image_lock_pins_every_dependency_of_pyproject() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = (ROOT / "images" / "function" / "requirements.lock").read_text().splitlines()
+    pins = [Requirement(line) for line in lines if line and not line.startswith("#")]
+    assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pins), "pins only"
+    locked = {canonicalize_name(r.name): next(iter(r.specifier)).version for r in pins}
+    for dependency in map(Requirement, PYPROJECT["project"]["dependencies"]):
+        version = locked.get(canonicalize_name(dependency.name))
+        assert version is not None, f"{dependency.name} is not in the lock: run scripts/lock-function-image"
+        assert dependency.specifier.contains(version, prereleases=True), f"{dependency} but the lock has {version}"
+
+
+def test_phoenix_image_serves_phoenix_as_a_non_root_user() -> None:
+    image = image_of({"dockerfile": "images/phoenix/Dockerfile"})
+    assert re.fullmatch(r"python:3\.(\d+)-slim", image.base)
+    assert "arize-phoenix==" in run_lines(image, 0)
+    assert image.entrypoint == ["phoenix", "serve"] and image.user.split(":")[0] == "10001"
+    assert image.healthcheck and f"127.0.0.1:{image.env['PHOENIX_PORT']}/healthz" in image.healthcheck[-1]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "functions").iterdir() if (p / "__init__.py").exists()))
@@ -81,7 +105,9 @@ def test_model_image_runs_gymbus_model_serve_on_vllm() -> None:
     assert image.healthcheck and f"127.0.0.1:{image.expose[0]}/health" in image.healthcheck[-1]
 
 
-@pytest.mark.parametrize("make", [function_image, model_image])
+@pytest.mark.parametrize(
+    "make", [function_image, model_image, lambda: image_of({"dockerfile": "images/phoenix/Dockerfile"})]
+)
 def test_copied_sources_exist_in_the_build_context(make: object) -> None:
     image: Image = make()  # type: ignore[operator]
     ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()}

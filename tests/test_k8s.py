@@ -74,7 +74,10 @@ def test_workloads_run_real_commands_from_the_compose_images(workload: dict[str,
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-@pytest.mark.parametrize("deployment", of_kind("Deployment"), ids=lambda d: d["metadata"]["name"])
+WORKER_DEPLOYMENTS = [d for d in of_kind("Deployment") if gymbus_args(container(d))[0] == "worker"]
+
+
+@pytest.mark.parametrize("deployment", WORKER_DEPLOYMENTS, ids=lambda d: d["metadata"]["name"])
 def test_workers_are_probed_on_their_health_port_and_drain(deployment: dict[str, Any]) -> None:
     c = container(deployment)
     [port] = c["ports"]
@@ -83,6 +86,24 @@ def test_workers_are_probed_on_their_health_port_and_drain(deployment: dict[str,
     assert "httpGet" not in c["livenessProbe"]  # a broker outage makes /healthz 503: not a reason to restart
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > Worker.__dataclass_fields__["drain_timeout_s"].default
+
+
+def test_every_workload_connects_as_its_own_identity() -> None:
+    """A Secret per identity (`gymbus auth init`), mounted into the one workload that is that identity."""
+    from broker.auth import identities
+
+    names = {i.name for i in identities(["simple_agent"], ["math"])}
+    used = []
+    for workload in of_kind("Deployment") + of_kind("Job"):
+        c, pod = container(workload), workload["spec"]["template"]["spec"]
+        identity = env_of(c)["NATS_NKEY"].rsplit("/", 1)
+        [volume] = [v for v in pod["volumes"] if v["name"] == "identity"]
+        [mount] = [m for m in c["volumeMounts"] if m["name"] == "identity"]
+        assert mount["mountPath"] == identity[0] and mount["readOnly"] is True
+        name = identity[1].removesuffix(".nk")
+        assert name in names and volume["secret"]["secretName"] == f"gymbus-{name.replace('_', '-')}"
+        used.append(name)
+    assert sorted(used) == ["admin", "agent-simple_agent", "env-math", "janitor"]
 
 
 def test_config_reaches_the_helm_release() -> None:
@@ -98,7 +119,7 @@ def test_config_reaches_the_helm_release() -> None:
 def test_init_job_provisions_every_deployed_function() -> None:
     args = gymbus_args(container(named("Job", "gymbus-init")))
     ctx = parse_gymbus(args, {})
-    deployed = {gymbus_args(container(d))[1] for d in of_kind("Deployment")}
+    deployed = {gymbus_args(container(d))[1] for d in WORKER_DEPLOYMENTS}
     assert set(ctx.params["agent"]) | set(ctx.params["env"]) == deployed
 
 

@@ -148,3 +148,20 @@ async def test_replicas_fill_each_others_gaps_and_never_store_an_older_snapshot(
     assert profile.comparable(snap.profile) == await reference(harness)
     stored = await read_snapshot(harness.js, INFO.run_id)
     assert stored is not None and stored.profile.last_seq == await last_seq(harness)
+
+
+async def test_healthz_is_ok_once_bound_and_not_while_draining(harness: Harness) -> None:
+    """The container health check asks this: a compose `up --wait` waits on it."""
+    import aiohttp
+
+    p = Profiler(harness.broker.url, interval_s=0.05, http_port=0, drain_s=2.0)
+    task = asyncio.create_task(p.run())
+    await asyncio.wait({task, asyncio.create_task(p.ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    assert p.http_port
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{p.http_port}/healthz") as r:
+            assert (r.status, await r.json()) == (200, {"status": "ok"})
+        p.stop()
+        async with http.get(f"http://127.0.0.1:{p.http_port}/healthz") as r:
+            assert (r.status, await r.json()) == (503, {"status": "draining"})
+    await asyncio.wait_for(task, 30)

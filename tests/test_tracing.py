@@ -95,6 +95,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
     assert root.name == "invoke_agent simple_agent" and root.service == "gymbus-test"
     assert root.attributes[semconv.GEN_AI_CONVERSATION_ID] == sid
     assert root.attributes[semconv.REWARD] == 1.0
+    assert root.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "AGENT"
 
     hops = [s.name for s in children(spans, root)]
     assert hops == [
@@ -111,6 +112,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
         assert a[semconv.MESSAGING_DESTINATION_NAME] == hop.name.split(" ")[1]
         assert a[semconv.MESSAGING_CONSUMER_GROUP_NAME] in ("agent-simple_agent", "tool-math", "verify-math")
         assert a[semconv.MESSAGING_MESSAGE_CONVERSATION_ID] == sid and a[semconv.OUTCOME] == "ack"
+        assert a[semconv.OPENINFERENCE_SPAN_KIND] == "CHAIN" and a[semconv.SESSION_ID] == sid  # GenAI-aware UIs
         assert a[semconv.QUEUE_WAIT] >= 0
 
     first, second = by_name(spans, "process gym.agent")
@@ -122,6 +124,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
         assert a[semconv.GEN_AI_REQUEST_MODEL] == "policy" and a[semconv.GEN_AI_CONVERSATION_ID] == sid
         assert a[semconv.GEN_AI_REQUEST_TEMPERATURE] == 1.0 and a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] > 0
         assert a[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == [finish]
+        assert a[semconv.OPENINFERENCE_SPAN_KIND] == "LLM" and a[semconv.SESSION_ID] == sid
         assert semconv.GEN_AI_INPUT_MESSAGES not in a, "content is recorded only when opted in"
         [http] = children(spans, chat)  # aiohttp instrumentation, in the worker process
         [server] = children(spans, http)  # the simulated policy (in this process), via traceparent over HTTP
@@ -137,6 +140,8 @@ async def test_one_trace_per_rollout_across_worker_processes(
     [verify_hop] = by_name(spans, "process gym.verify.math")
     verify, publish = children(spans, verify_hop)
     assert verify.name == "verify math" and verify.attributes[semconv.REWARD] == 1.0
+    assert verify.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "EVALUATOR"
+    assert tool.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "TOOL"
     assert publish.name == "send gym.result.tr1" and publish.kind == "producer"
 
 

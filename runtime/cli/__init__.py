@@ -25,9 +25,10 @@ import typer
 from rich.markup import escape
 
 from broker.connect import BrokerUnavailable
+from broker.denials import PermissionDenied
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import authoring, inspect, run, serve, tasks
+from runtime.cli import auth, authoring, inspect, run, serve, tasks
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -61,8 +62,8 @@ COMMANDS: list[tuple[Callable[..., None], str]] = [
     (inspect.schema, "schema"),
     (authoring.check, "check"),
 ]
-USER_MISTAKES = (UsageError, InvalidName, BrokerUnavailable, BrokerError)
-"""What the user can fix: printed as one line, exit 2."""
+USER_MISTAKES = (UsageError, InvalidName, BrokerUnavailable, BrokerError, PermissionDenied)
+"""What the user can fix (a denial: an identity used for a job it is not allowed): one line, exit 2."""
 
 
 def guarded(command: Callable[..., None]) -> Callable[..., None]:
@@ -82,6 +83,7 @@ for command, name in COMMANDS:
     app.command(name)(guarded(command))
 serve.register_model_commands(guarded)
 app.add_typer(serve.model_app, name="model")
+app.add_typer(auth.app, name="auth")
 authoring.register_new_commands(guarded)
 app.add_typer(authoring.new_app, name="new")
 tasks.register_tasks_commands(guarded)

@@ -74,6 +74,7 @@ def worker(
     w = Worker(fn, nats_url=url, concurrency=concurrency, batch=batch, roles=roles, model_url=model_url)
     w.http_port = http_port
     tracing.configure(f"gymbus-{fn.name}")
+    os.environ.setdefault("GYMBUS_NATS_URL", url)  # for functions that reach the broker themselves (sandbox admission)
     run(serve(w))
 
 
@@ -127,11 +128,18 @@ def simulate(
     serve_simulator(sim, host, port)
 
 
+ProbePortOpt = Annotated[
+    int | None,
+    typer.Option("--http-port", envvar=HTTP_PORT_ENV, help="Serve /healthz on 0.0.0.0:PORT (default: off)."),
+]
+
+
 def profiler(
     nats: NatsOpt = None,
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between two snapshots of a run while Results arrive.")
     ] = 0.5,
+    http_port: ProbePortOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve the profiling consumer: fold every Result into its run's live profile, until SIGTERM.
@@ -143,12 +151,13 @@ def profiler(
     from runtime.profiling.profiler import Profiler, serve
 
     setup_logging(verbose)
-    run(serve(Profiler(need_nats(nats), interval_s=interval)))
+    run(serve(Profiler(need_nats(nats), interval_s=interval, http_port=http_port)))
 
 
 def janitor(
     nats: NatsOpt = None,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between deadline sweeps.")] = 5.0,
+    http_port: ProbePortOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run a janitor on its own (every worker already runs one): dead-letters messages whose delivery
@@ -156,13 +165,14 @@ def janitor(
     and fails messages on subjects no worker serves (invalid_input). Until SIGTERM.
     """
     setup_logging(verbose)
-    run(_janitor(need_nats(nats), interval))
+    run(_janitor(need_nats(nats), interval, http_port))
 
 
-async def _janitor(url: str, interval: float) -> None:
-    from broker import topology
+async def _janitor(url: str, interval: float, http_port: int | None) -> None:
+    from broker import advisories, topology
     from broker.connect import connection
     from runtime.engine.janitor import Janitor
+    from runtime.telemetry.health import HealthServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -171,7 +181,14 @@ async def _janitor(url: str, interval: float) -> None:
     async with connection(url, name="gymbus-janitor") as nc:
         limits = topology.Limits.from_env()
         await topology.ensure(nc.jetstream(), limits)
-        await Janitor(nc.jetstream(), limits, holder=f"janitor-{os.getpid()}", scan_interval_s=interval).run(stop)
+        await advisories.ensure_consumer(nc.jetstream())  # a denial here ends it, with the reason
+        health = lambda: "ok" if nc.is_connected and not stop.is_set() else "unavailable"  # noqa: E731
+        probe = await HealthServer.start(health, http_port) if http_port is not None else None
+        try:
+            await Janitor(nc.jetstream(), limits, holder=f"janitor-{os.getpid()}", scan_interval_s=interval).run(stop)
+        finally:
+            if probe is not None:
+                await probe.stop()
 
 
 def init(

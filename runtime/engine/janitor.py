@@ -37,6 +37,7 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from broker import advisories, topology
+from broker.denials import PermissionDenied
 from broker.schemas import FailureKind, Msg, wire_decoder
 from broker.sessions import SessionStore
 from broker.topology import Limits
@@ -87,7 +88,11 @@ class Janitor:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""
         rt = Runtime(self.js, SessionStore(self.js))
-        await advisories.ensure_consumer(self.js)
+        try:
+            await advisories.ensure_consumer(self.js)
+        except PermissionDenied as denied:  # a least-privileged worker: `gymbus janitor` has the identity
+            log.info("no janitor in this process: %s", denied)
+            return
         puller = await Puller.bind(self.js, topology.ADVISORY_STREAM, advisories.JANITOR)
         loops = [asyncio.create_task(self._advisories(rt, puller, stop)), asyncio.create_task(self._sweeps(rt, stop))]
         try:

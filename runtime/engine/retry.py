@@ -6,6 +6,7 @@
     context_length   fail         deterministic: the conversation will not shrink
     tool_error       retry        a tool may fail transiently (a sandbox, a network call)
     verifier_error   retry        likewise; past the budget the message is dead-lettered
+    sandbox_error    retry        a code sandbox failed to run (infrastructure), never the candidate's fault
     timeout          fail         a step or the rollout ran out of time (rollout deadlines never retry)
     env_lost         fail         the environment instance holding the state is gone; retried, it starts
                                   the rollout over as a new attempt (runtime.engine.attempts)

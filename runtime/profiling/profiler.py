@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -101,15 +102,38 @@ class Profiler:
 
     drain_s: float = 5.0
     """On stop, keep folding what is already in the stream for up to this long, then store and exit."""
+    http_port: int | None = None
+    """Serve /healthz on 0.0.0.0:PORT (see runtime/profiling/health.py); None: off."""
     _stopped_at: float = 0.0
+    _nc: Client | None = None
 
     def stop(self) -> None:
         self._stopped_at = time.monotonic()
         self._stopping.set()
 
+    def health(self) -> str:
+        """``ok`` once connected and bound to its consumer; otherwise starting, disconnected or draining."""
+        if self._stopping.is_set():
+            return "draining"
+        if not self.ready.is_set():
+            return "starting"
+        return "ok" if self._nc is not None and self._nc.is_connected else "disconnected"
+
     async def run(self) -> None:
         """Consume until `stop()`, then fold what is left, write the last snapshots and return."""
-        nc = await connect(self.nats_url, name="gymbus-profiler")
+        from runtime.telemetry.health import HealthServer
+
+        probe = await HealthServer.start(self.health, self.http_port) if self.http_port is not None else None
+        if probe is not None:
+            self.http_port = probe.port
+        try:
+            await self._run()
+        finally:
+            if probe is not None:
+                await probe.stop()
+
+    async def _run(self) -> None:
+        nc = self._nc = await connect(self.nats_url, name="gymbus-profiler")
         try:
             js = nc.jetstream()
             await topology.ensure(js, self.limits)

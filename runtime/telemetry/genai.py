@@ -61,6 +61,8 @@ def _request_attributes(model: str, params: dict[str, Any], sid: str) -> dict[st
         semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER,
         semconv.GEN_AI_REQUEST_MODEL: model,
         semconv.GEN_AI_CONVERSATION_ID: sid,
+        semconv.OPENINFERENCE_SPAN_KIND: semconv.KIND_LLM,
+        semconv.SESSION_ID: sid,
         **_sampling_attributes(params),
     }
 
@@ -140,6 +142,8 @@ async def tool_call(session_id: str, call: FunctionCall, run: Awaitable[T]) -> T
                     semconv.GEN_AI_TOOL_TYPE: "function",
                     semconv.GEN_AI_TOOL_CALL_ID: call.call_id,
                     semconv.GEN_AI_CONVERSATION_ID: session_id,
+                    semconv.OPENINFERENCE_SPAN_KIND: semconv.KIND_TOOL,
+                    semconv.SESSION_ID: session_id,
                 }
             )
             if tracing.CAPTURE_CONTENT:

@@ -81,6 +81,14 @@ SAMPLING_ATTRIBUTES = {
 }
 """Responses create-body key -> the GenAI request attribute it is recorded as."""
 
+# ---- OpenInference (what Phoenix and other GenAI-aware backends read beside the gen_ai.* names) ------
+# Added, never instead of the OpenTelemetry names: a span kind per span (the rollout an agent, a model
+# call an LLM, a tool call a tool, the verifier an evaluator, a hop a chain) and the rollout's session.
+# Token counts, model and status such backends take from the gen_ai.* attributes and the span status.
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+SESSION_ID = "session.id"
+KIND_AGENT, KIND_LLM, KIND_TOOL, KIND_EVALUATOR, KIND_CHAIN = "AGENT", "LLM", "TOOL", "EVALUATOR", "CHAIN"
+
 # ---- general ----------------------------------------------------------------------------------------
 ERROR_TYPE = "error.type"
 SERVICE_NAME = "service.name"

@@ -84,6 +84,7 @@ class Hop:
             self.span.set_attribute(semconv.MESSAGE_KIND, kind)
             if session_id:
                 self.span.set_attribute(semconv.MESSAGING_MESSAGE_CONVERSATION_ID, session_id)
+                self.span.set_attribute(semconv.SESSION_ID, session_id)
 
     def end(self) -> None:
         if self._token is not None:
@@ -118,6 +119,7 @@ def hop(subject: str, group: str, d: DeliveryLike, size: int) -> Hop:
                 semconv.MESSAGING_MESSAGE_BODY_SIZE: size,
                 semconv.DELIVERY_COUNT: d.num_delivered,
                 semconv.QUEUE_WAIT: max(0.0, d.received_at - d.published_at),
+                semconv.OPENINFERENCE_SPAN_KIND: semconv.KIND_CHAIN,
             }
         )
     return Hop(span, context.attach(here))
@@ -147,7 +149,14 @@ async def verification(env: str, session_id: str, run: Awaitable[T]) -> T:
         return await run
     with tracer.start_as_current_span(f"{semconv.VERIFY} {env}") as span:
         if span.is_recording():
-            span.set_attributes({semconv.ENV_NAME: env, semconv.GEN_AI_CONVERSATION_ID: session_id})
+            span.set_attributes(
+                {
+                    semconv.ENV_NAME: env,
+                    semconv.GEN_AI_CONVERSATION_ID: session_id,
+                    semconv.OPENINFERENCE_SPAN_KIND: semconv.KIND_EVALUATOR,
+                    semconv.SESSION_ID: session_id,
+                }
+            )
         try:
             verdict = await run
         except BaseException as exc:
@@ -192,6 +201,8 @@ class RolloutSpans:
                 semconv.TASK_INDEX: start.task_index,
                 semconv.ROLLOUT_INDEX: start.rollout_index,
                 semconv.ATTEMPT: start.attempt,
+                semconv.OPENINFERENCE_SPAN_KIND: semconv.KIND_AGENT,
+                semconv.SESSION_ID: session_id,
             },
         )
         self._open[session_id] = span

@@ -9,6 +9,12 @@
     nothing    tracing is off and costs nothing (no provider, every span helper returns at once);
                so is OTEL_SDK_DISABLED=true
 
+Shutdown. Every process exports its last spans before it exits (after SIGTERM and a drain, at the
+end of ``gymbus collect``), within GYMBUS_TRACES_FLUSH_S seconds (5): the SDK's own exit hook has
+no bound a supervisor can rely on, and by the time it runs asyncio has given SIGTERM back its
+default action, so a second SIGTERM (a supervisor stopping processes one after another) killed the
+process in the middle of its last export. The final flush ignores SIGTERM and ends in time.
+
 Sampling follows OTEL_TRACES_SAMPLER (default parentbased_always_on): the rollout's root decides
 and every hop follows. Resource attributes come from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES,
 defaulting ``service.name`` to the process's role (``gymbus-collect``, ``gymbus-math``, ...).
@@ -16,9 +22,14 @@ defaulting ``service.name`` to the process's role (``gymbus-collect``, ``gymbus-
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import signal
 import socket
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +42,8 @@ from runtime.telemetry import semconv
 log = logging.getLogger("gymbus.tracing")
 
 TRACES_FILE_ENV = "GYMBUS_TRACES_FILE"
+FLUSH_ENV = "GYMBUS_TRACES_FLUSH_S"
+"""Longest a process waits for its last spans to be exported when it exits (default 5 s)."""
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _PROBES_UNTRACED = "OTEL_PYTHON_STARLETTE_EXCLUDED_URLS"
@@ -69,6 +82,7 @@ def configure(service: str, traces_file: str | Path | None = None) -> bool:
         for exporter in exporters:
             provider.add_span_processor(BatchSpanProcessor(exporter))
         install(provider)
+        atexit.register(shutdown)  # after the provider's own hook, so it runs first (see `shutdown`)
     if path:
         write_file(path)
     return True
@@ -112,10 +126,51 @@ def write_file(path: str | Path | None) -> None:
         _file.reopen(path)
 
 
-def flush(timeout_s: float = 10.0) -> None:
-    """Export every finished span now (before a file is read, or the process exits)."""
-    if _provider is not None:
-        _provider.force_flush(int(timeout_s * 1000))
+def flush(timeout_s: float = 10.0) -> bool:
+    """Export every finished span now (before a file is read, or the process exits), waiting at most
+    ``timeout_s``; False if the export did not finish in time (the SDK's force_flush has no bound)."""
+    if _provider is None:
+        return True
+    return _bounded(_provider.force_flush, timeout_s)
+
+
+def shutdown(timeout_s: float | None = None) -> bool:
+    """The process's last export, then the exporters closed, within ``timeout_s`` (default
+    $GYMBUS_TRACES_FLUSH_S, 5 s) whatever the backend does; SIGTERM is ignored meanwhile (the
+    process is exiting anyway). Runs at exit for every process `configure` set up."""
+    global TRACER, _provider, _file
+    provider = _provider
+    if provider is None:
+        return True
+    if timeout_s is None:
+        timeout_s = _flush_bound()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    atexit.unregister(provider.shutdown)  # its join on a stuck export would wait 30 s per processor
+    deadline = time.monotonic() + timeout_s
+    flushed = _bounded(provider.force_flush, timeout_s)
+    closed = _bounded(provider.shutdown, max(0.1, deadline - time.monotonic()))
+    if not flushed:
+        log.warning("traces: the last spans were not exported within %gs (%s); they are lost", timeout_s, FLUSH_ENV)
+    TRACER, _provider, _file = None, None, None
+    return flushed and closed
+
+
+def _flush_bound() -> float:
+    raw = os.environ.get(FLUSH_ENV, "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else 5.0
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; using 5", FLUSH_ENV, raw)
+        return 5.0
+
+
+def _bounded(call: Callable[[], object], timeout_s: float) -> bool:
+    """Run ``call`` in a daemon thread and wait at most ``timeout_s`` for it; True if it finished."""
+    worker = threading.Thread(target=call, name="gymbus-trace-flush", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return not worker.is_alive()
 
 
 def otlp_configured() -> bool:

@@ -216,7 +216,7 @@ async def test_a_session_host_killed_mid_rollout_ends_its_episodes_as_env_lost(
 def _docker() -> str:
     docker = shutil.which("docker")
     if docker is None or not os.environ.get("DOCKER_HOST"):
-        pytest.skip('no Docker engine here: eval "$(../shared/tools/docker-engine up)" first')
+        pytest.skip('no Docker engine here: eval "$(scripts/docker-engine up)" first')
     probe = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
     if probe.returncode:
         pytest.skip(f"the Docker engine does not answer: {probe.stderr.strip()[-200:]}")

@@ -1,0 +1,3 @@
+from functions.math_with_code.env import ENVIRONMENT, reference
+
+__all__ = ["ENVIRONMENT", "reference"]
