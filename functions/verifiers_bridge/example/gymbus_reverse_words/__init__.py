@@ -41,7 +41,7 @@ class PhraseConfig(vf.TasksetConfig):
 
 
 class PhraseTaskset(vf.Taskset[PhraseTask, PhraseConfig]):
-    def load(self):  # type: ignore[no-untyped-def]
+    def load(self):
         for words in PHRASES[: self.config.n]:
             data = PhraseData(
                 prompt=f"Reverse the order of the words of this phrase, and answer with the words only: {words}",
