@@ -42,3 +42,16 @@ clean:
 .PHONY: test-slow
 test-slow: $(STAMP)  # the tests marked slow alone (CI runs them as a step of their own)
 	$(BIN)/pytest -m slow
+
+# The bridges to other ecosystems (functions/reasoning_gym, nemo_gym_bridge, verifiers_bridge,
+# openenv_bridge): their extras into .venv, NeMo Gym into an environment of its own (Python 3.13,
+# $(NEMO_VENV)), then every bridge test, those marked `bridges` included. A part that cannot be had
+# here (no Python 3.13, no Docker engine) makes its tests skip, saying why.
+NEMO_VENV ?= .venv-nemo-gym
+.PHONY: test-bridges
+test-bridges: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[reasoning_gym,verifiers,openenv]'
+	bash scripts/nemo_gym_env.sh $(NEMO_VENV)
+	GYMBUS_NEMO_GYM_PYTHON=$$([ -x $(NEMO_VENV)/bin/python ] && echo $(CURDIR)/$(NEMO_VENV)/bin/python) \
+		$(BIN)/pytest -m '' functions/reasoning_gym functions/nemo_gym_bridge functions/verifiers_bridge \
+		functions/openenv_bridge tests/test_env_lost.py

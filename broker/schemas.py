@@ -38,6 +38,7 @@ FailureKind = Literal[
     "verifier_error",  # the verifier raised past its retry budget
     "sandbox_error",  # a code sandbox could not run the candidate's code (infrastructure, never the candidate)
     "judge_error",  # a judge model's verdict was not in the form the environment expects
+    "env_lost",  # the environment instance holding the rollout's state died or was replaced mid-rollout
     "timeout",  # the rollout or one of its steps ran past its deadline
     "worker_lost",  # a message spent its delivery budget without an answer (workers died)
     "cancelled",  # the user cancelled the rollout

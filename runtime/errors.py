@@ -8,6 +8,7 @@
     ├── VerifierError    verifier_error   the verifier raised
     ├── SandboxError     sandbox_error    a code sandbox could not run (backend unavailable, start failed)
     ├── JudgeError       judge_error      a judge model's verdict was not in the expected form
+    ├── EnvLost          env_lost         the environment instance holding the rollout's state was lost
     ├── Timeout          timeout          a step ran past its deadline
     │   └── DeadlineExceeded              the rollout ran past its deadline (never retried)
     ├── Cancelled        cancelled        the user cancelled the rollout
@@ -93,6 +94,14 @@ class JudgeError(GymError):
     rollout has no reward (a verdict nobody could read is not a wrong answer)."""
 
     kind = "judge_error"
+
+
+class EnvLost(GymError):
+    """The environment instance that held the rollout's state (a pinned server: NeMo Gym, OpenEnv) died
+    or was replaced mid-rollout: its state is gone, so no reward can be trusted. A run whose retry
+    policy names ``env_lost`` starts the rollout over as a new attempt; otherwise it fails."""
+
+    kind = "env_lost"
 
 
 class Timeout(GymError):

@@ -9,7 +9,8 @@ with ``agent``; or it carries NeMo Gym's ``agent_ref`` (``{"type": "responses_ap
 server: an environment's own name or one of its ``accepts`` equal to the name, or the longest of them
 that the name starts with followed by ``_``. A row that names nothing runs on the run's ``agent`` and
 ``env``. A row routed to another environment than the run's takes that environment's default agent
-unless it names one.
+unless it names one. A run whose environment accepts ``"*"`` (a bridge to another ecosystem's
+servers) keeps its rows whatever their ``agent_ref`` names; the bridge reads it itself.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def route(row: Mapping[str, Any], agent: str, env: str) -> Route:
         if not isinstance(named_env, str) or not names.valid(named_env):
             raise InvalidInput(f"task field `env` {named_env!r} is not an environment name ({names.RULE})")
         target = named_env
-    elif row.get("agent_ref") is not None:
+    elif row.get("agent_ref") is not None and not _takes_every_row(env):
         target = _from_agent_ref(row["agent_ref"])
     else:
         target = env
@@ -58,6 +59,13 @@ def route(row: Mapping[str, Any], agent: str, env: str) -> Route:
     return Route(found.agent if found is not None else agent, target)
 
 
+def _takes_every_row(env: str) -> bool:
+    """Whether the run's environment takes every row of the run whatever its ``agent_ref`` names (a
+    bridge to another ecosystem's servers, declared with ``accepts=["*"]``)."""
+    found = catalog().get(env)
+    return found is not None and "*" in found.accepts
+
+
 def _from_agent_ref(ref: Any) -> str:
     name = ref.get("name") if isinstance(ref, Mapping) else ref
     if not isinstance(name, str) or not name:
@@ -65,7 +73,7 @@ def _from_agent_ref(ref: Any) -> str:
     envs = catalog()
     if name in envs:
         return name
-    aliases = {alias: env.name for env in envs.values() for alias in (env.name, *env.accepts)}
+    aliases = {alias: env.name for env in envs.values() for alias in (env.name, *env.accepts) if alias != "*"}
     if name in aliases:
         return aliases[name]
     matches = [a for a in aliases if name.startswith(f"{a}_")]

@@ -33,7 +33,7 @@ from runtime.agent import (
     StepFn,
     Unfit,
 )
-from runtime.errors import InvalidInput, Retry, ToolError, VerifierError
+from runtime.errors import EnvLost, InvalidInput, Retry, ToolError, VerifierError
 from runtime.items import function_calls, mark, message_text
 from runtime.judges import Model
 from runtime.offload import offload
@@ -49,6 +49,7 @@ __all__ = [
     "Check",
     "Context",
     "Continue",
+    "EnvLost",
     "Environment",
     "Finish",
     "Fit",

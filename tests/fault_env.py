@@ -8,6 +8,8 @@
     huge        calculator   returns GYMBUS_FAULTS_HUGE_MIB (9) MiB         context_length
     cancel      calculator   raises Cancelled                               cancelled
     internal    calculator   raises a bare GymError (a gymbus bug)          internal
+    lost        calculator   raises EnvLost (a pinned server died)          env_lost
+    lost_once   calculator   raises EnvLost on a rollout's first attempt    env_lost (retried: a new attempt)
     sandbox     calculator   runs code in a sandbox that cannot start       sandbox_error
 
 A test double, not a shipped environment: serve it with ``gymbus worker tests.fault_env:ENVIRONMENT``.
@@ -22,9 +24,12 @@ import msgspec
 
 from functions.math.env import calculator as math_calculator
 from functions.math.env import verify as math_verify
-from runtime.errors import Cancelled, GymError
+from runtime.errors import Cancelled, EnvLost, GymError
 from runtime.sandbox import Sandbox, SandboxConfig
 from runtime.sdk import Context, Environment, Rollout, Task, Verdict, tool
+
+LOST: set[str] = set()
+"""Rollouts ``lost_once`` has lost already (in this process)."""
 
 
 class Meta(msgspec.Struct, frozen=True):
@@ -48,6 +53,11 @@ async def calculator(ctx: Context[Meta], expression: str) -> str:
             raise Cancelled("the user cancelled this rollout")
         case "internal":
             raise GymError("an invariant broke")
+        case "lost":
+            raise EnvLost("the server holding this rollout's state died")
+        case "lost_once" if ctx.session_id not in LOST:
+            LOST.add(ctx.session_id)
+            raise EnvLost("the server holding this rollout's state died")
         case "sandbox":  # an interpreter that is not there: the sandbox, not the code, failed
             await Sandbox(SandboxConfig(python="/nonexistent/python3", allow_same_uid=True)).run("print(1)")
     return await math_calculator(expression)

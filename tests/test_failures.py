@@ -152,6 +152,7 @@ CASES: dict[FailureKind, Case] = {
     "user_sim_error": lambda h: _second_model(h, "user_sim_agent", "user_sim", "user_simulator"),
     "tool_sim_error": lambda h: _second_model(h, "tool_simulation_agent", "tool_sim", "tool_simulator"),
     "harness_error": harness_error,
+    "env_lost": lambda h: _fault(h, "lost"),
 }
 
 

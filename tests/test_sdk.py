@@ -23,6 +23,7 @@ def test_the_public_surface_is_declared_once_and_sorted() -> None:
         "Check",
         "Context",
         "Continue",
+        "EnvLost",
         "Environment",
         "Finish",
         "Fit",

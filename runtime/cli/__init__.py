@@ -4,6 +4,7 @@
     serve.py     worker, simulate, profiler, janitor, model serve, init
     inspect.py   status, profile, traces, dead-letters, schema
     authoring.py check, new env, new agent                        (environment and agent authors)
+    tasks.py     tasks reasoning-gym, tasks verifiers             (rows from other ecosystems)
     runtime.bench  bench
 
 `main` is the one error boundary: a user's mistake (`runtime.errors.UsageError`, an invalid name, an
@@ -27,7 +28,7 @@ from broker.connect import BrokerUnavailable
 from broker.denials import PermissionDenied
 from broker.names import InvalidName
 from broker.server import BrokerError
-from runtime.cli import auth, authoring, inspect, run, serve, train
+from runtime.cli import auth, authoring, inspect, run, serve, tasks, train
 from runtime.cli.common import err
 from runtime.errors import UsageError
 
@@ -86,6 +87,8 @@ app.add_typer(serve.model_app, name="model")
 app.add_typer(auth.app, name="auth")
 authoring.register_new_commands(guarded)
 app.add_typer(authoring.new_app, name="new")
+tasks.register_tasks_commands(guarded)
+app.add_typer(tasks.tasks_app, name="tasks")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)

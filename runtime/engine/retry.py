@@ -8,6 +8,8 @@
     verifier_error   retry        likewise; past the budget the message is dead-lettered
     sandbox_error    retry        a code sandbox failed to run (infrastructure), never the candidate's fault
     timeout          fail         a step or the rollout ran out of time (rollout deadlines never retry)
+    env_lost         fail         the environment instance holding the state is gone; retried, it starts
+                                  the rollout over as a new attempt (runtime.engine.attempts)
     worker_lost      -            decided by the broker: the delivery budget ran out while no worker answered
     cancelled        fail         the user asked for it
     internal         retry        a gymbus bug or a broker hiccup; retried, then dead-lettered

@@ -40,6 +40,7 @@ from runtime.engine import registry
 from runtime.engine import retry as policy
 from runtime.engine.admission import Admission, rejection
 from runtime.engine.agents import handle_agent
+from runtime.engine.attempts import NEW_ATTEMPT_KINDS, start_over, step_of
 from runtime.engine.clients import close_client
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.environments import handle_tool, handle_verify
@@ -286,6 +287,13 @@ class Worker:
         retry: bool,
         delay: float | None = None,
     ) -> None:
+        if retry and kind in NEW_ATTEMPT_KINDS and (sid := sid_of(msg)) is not None:
+            if await start_over(rt, sid, step_of(msg), reason, self.limits.max_deliver):
+                self.stats["retried"] += 1
+                spans.settled("retry", kind, reason)
+                await m.ack()
+                return
+            reason, retry = f"{reason} (gave up after {self.limits.max_deliver} attempts)", False
         if retry and d.num_delivered < self.limits.max_deliver:
             self.stats["retried"] += 1
             spans.settled("retry", kind, reason)

@@ -54,11 +54,14 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     """The environment that scored it (a run may mix them)."""
     components: dict[str, float] = {}
     """The reward's components, when the verifier reports them (``components`` in its info)."""
+    group: str = ""
+    """What the verifier groups the task under (``group`` in its info: reasoning_gym's generator)."""
 
     @classmethod
     def of(cls, r: Result) -> Sample:
         return cls(
             env=r.env,
+            group=str(r.verifier.get("group") or ""),
             components=components_of(r.verifier),
             session_id=r.session_id,
             task_index=r.task_index,
@@ -178,6 +181,8 @@ class Profile(msgspec.Struct, kw_only=True):
     """Per reward component (when the verifier reports ``components``): its statistics over scored rollouts."""
     by_env: dict[str, Profile] = {}
     """When the run mixes environments: every statistic above, per environment."""
+    by_group: dict[str, Profile] = {}
+    """When verifiers report several groups (``group`` in their info): every statistic above, per group."""
 
 
 def build(
@@ -220,22 +225,22 @@ def build(
         latency=latency(ordered),
         throughput=_throughput(ordered),
         components=component_stats([s.components for s in scored]),
-        by_env=_by_env(info, ordered, source),
+        by_env=_split(info, ordered, source, "env"),
+        by_group=_split(info, ordered, source, "group"),
     )
     return profile, tasks
 
 
-def _by_env(info: RunInfo, samples: list[Sample], source: Literal["live", "offline"]) -> dict[str, Profile]:
-    """One profile per environment when there are several (its tasks are those with a Result there)."""
-    envs = sorted({s.env for s in samples})
-    if len(envs) < 2:
+def _split(
+    info: RunInfo, samples: list[Sample], source: Literal["live", "offline"], key: Literal["env", "group"]
+) -> dict[str, Profile]:
+    """One profile per environment (or per group) when there are several (its tasks are those with a
+    Result there)."""
+    values = sorted({getattr(s, key) for s in samples})
+    if len(values) < 2:
         return {}
-    out = {}
-    for env in envs:
-        part = [s for s in samples if s.env == env]
-        sub = RunInfo(run_id=info.run_id, repeats=info.repeats, pass_threshold=info.pass_threshold)
-        out[env or "-"] = build(sub, part, source=source)[0]
-    return out
+    sub = RunInfo(run_id=info.run_id, repeats=info.repeats, pass_threshold=info.pass_threshold)
+    return {v or "-": build(sub, [s for s in samples if getattr(s, key) == v], source=source)[0] for v in values}
 
 
 def _task(index: int, samples: list[Sample], info: RunInfo, k_list: list[int], answers: bool) -> TaskProfile:

@@ -65,14 +65,17 @@ def profile_table(p: Profile) -> Group:
     parts: list[Table] = [summary]
     if p.by_env:
         parts.append(env_table(p.by_env))
+    if p.by_group:
+        parts.append(env_table(p.by_group, "group"))
     return Group(*parts, latency_table(p.latency))
 
 
-def env_table(by_env: dict[str, Profile]) -> Table:
-    """Every environment's share of a mixed run: rollouts, failures, reward, pass@k, verify time."""
-    table = Table(title="per environment", title_justify="left", box=None, padding=(0, 2, 0, 0))
-    for col in ("env", "rollouts", "failed", "mean reward", "pass@1", "pass@k", "verify p50"):
-        table.add_column(col, justify="left" if col == "env" else "right", no_wrap=col == "env")
+def env_table(by_env: dict[str, Profile], key: str = "env") -> Table:
+    """Every environment's (or group's) share of a run: rollouts, failures, reward, pass@k, verify time."""
+    title = "per environment" if key == "env" else f"per {key}"
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for col in (key, "rollouts", "failed", "mean reward", "pass@1", "pass@k", "verify p50"):
+        table.add_column(col, justify="left" if col == key else "right", no_wrap=col == key)
     for env, p in by_env.items():
         top = p.pass_at_k[-1] if p.pass_at_k else None
         verify = p.latency.get("verify")

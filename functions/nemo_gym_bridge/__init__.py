@@ -1,0 +1,3 @@
+from functions.nemo_gym_bridge.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

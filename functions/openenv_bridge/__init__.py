@@ -1,0 +1,3 @@
+from functions.openenv_bridge.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

@@ -1,0 +1,3 @@
+from functions.reasoning_gym.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]

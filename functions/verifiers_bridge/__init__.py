@@ -1,0 +1,3 @@
+from functions.verifiers_bridge.env import ENVIRONMENT
+
+__all__ = ["ENVIRONMENT"]
