@@ -10,6 +10,7 @@ died is replaced, on a new port under a new name, the next time an instance is a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -19,15 +20,44 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
+import msgspec
 
 from broker.server import die_with_parent
+from runtime.errors import ToolError
 
 log = logging.getLogger("gymbus.bridges")
 
+S = TypeVar("S", bound=msgspec.Struct)
+
 RETRY_START_S = 30.0
 """How long a pool whose instances failed to start fails at once instead of starting them again."""
+
+
+class SetupError(ToolError):
+    """A bridge cannot reach or start an instance as configured: retrying will not help."""
+
+    retry = False
+
+
+def read_settings(path: Path, kind: type[S], what: str, env_var: str) -> S:
+    """A bridge's YAML settings file decoded as ``kind``, read again only once it changes; SetupError
+    naming the file (``what``, and the variable that names another) if it is missing or wrong."""
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        raise SetupError(f"{what} {str(path)!r} does not exist ({env_var})") from None
+    return _decode(path, mtime, kind, what)
+
+
+@functools.cache
+def _decode(path: Path, _mtime: float, kind: type[S], what: str) -> S:
+    try:
+        return msgspec.yaml.decode(path.read_bytes(), type=kind)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise SetupError(f"{what} {str(path)!r}: {exc}") from None
 
 
 def free_port() -> int:

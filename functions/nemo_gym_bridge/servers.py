@@ -21,16 +21,10 @@ from typing import Any
 
 import msgspec
 
-from runtime.instances import Child, Pool, spawn
-from runtime.sdk import InvalidInput, ToolError
+from runtime.instances import Child, Pool, SetupError, read_settings, spawn
+from runtime.sdk import InvalidInput
 
 HERE = Path(__file__).resolve().parent
-
-
-class SetupError(ToolError):
-    """The bridge cannot reach or start a server as configured: retrying will not help."""
-
-    retry = False
 
 
 class ServerSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -58,21 +52,8 @@ def servers_path() -> Path:
     return Path(os.environ.get("GYMBUS_NEMO_GYM_SERVERS") or HERE / "servers.yaml")
 
 
-@functools.cache
-def _load(path: Path, _mtime: float) -> ServersFile:
-    try:
-        return msgspec.yaml.decode(path.read_bytes(), type=ServersFile)
-    except (OSError, msgspec.DecodeError) as exc:
-        raise SetupError(f"NeMo Gym servers file {str(path)!r}: {exc}") from None
-
-
 def settings() -> ServersFile:
-    path = servers_path()
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        raise SetupError(f"NeMo Gym servers file {str(path)!r} does not exist (GYMBUS_NEMO_GYM_SERVERS)") from None
-    return _load(path, mtime)
+    return read_settings(servers_path(), ServersFile, "NeMo Gym servers file", "GYMBUS_NEMO_GYM_SERVERS")
 
 
 def key_of(meta: Mapping[str, Any]) -> str:

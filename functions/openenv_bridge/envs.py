@@ -17,17 +17,11 @@ from typing import Any
 
 import msgspec
 
-from runtime.instances import Child, Pool, spawn
-from runtime.sdk import InvalidInput, ToolError
+from runtime.instances import Child, Pool, SetupError, read_settings, spawn
+from runtime.sdk import InvalidInput
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-
-
-class SetupError(ToolError):
-    """The bridge cannot reach an environment as configured: retrying will not help."""
-
-    retry = False
 
 
 class EnvSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -48,21 +42,8 @@ def envs_path() -> Path:
     return Path(os.environ.get("GYMBUS_OPENENV_ENVS") or HERE / "envs.yaml")
 
 
-@functools.cache
-def _load(path: Path, _mtime: float) -> EnvsFile:
-    try:
-        return msgspec.yaml.decode(path.read_bytes(), type=EnvsFile)
-    except (OSError, msgspec.DecodeError) as exc:
-        raise SetupError(f"OpenEnv environments file {str(path)!r}: {exc}") from None
-
-
 def settings() -> EnvsFile:
-    path = envs_path()
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        raise SetupError(f"OpenEnv environments file {str(path)!r} does not exist (GYMBUS_OPENENV_ENVS)") from None
-    return _load(path, mtime)
+    return read_settings(envs_path(), EnvsFile, "OpenEnv environments file", "GYMBUS_OPENENV_ENVS")
 
 
 def key_of(named: str | None) -> str:
