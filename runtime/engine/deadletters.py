@@ -30,6 +30,7 @@ from broker.schemas import (
     wire_decoder,
 )
 from broker.sessions import SessionStore
+from runtime.engine.attempts import next_attempt
 
 
 async def dead_letter(
@@ -169,18 +170,7 @@ async def _replay_one(js: JetStreamContext, store: SessionStore, item: Letter, s
             return Replayed(item.seq, sid, None, f"skipped: attempt {s.attempt} is still running")
         if s.result is not None and not s.result.failed:
             return Replayed(item.seq, sid, None, f"skipped: attempt {s.attempt} already has reward {s.result.reward}")
-        start = Start(
-            run_id=s.run_id,
-            task_index=s.task_index,
-            rollout_index=s.rollout_index,
-            attempt=s.attempt + 1,
-            agent=s.agent,
-            env=s.env,
-            model=s.model,
-            responses_create_params={**s.params, "input": s.items[: s.n_input]},
-            meta=s.meta,
-            options=s.options,
-        )
+        start = next_attempt(s)
     else:
         try:
             msg = wire_decoder.decode(payload_bytes(item.letter))

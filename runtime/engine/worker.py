@@ -52,7 +52,7 @@ from runtime.engine.transitions import Delivery, Handler, Runtime
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.model.client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
-from runtime.telemetry import genai, spans
+from runtime.telemetry import genai, health, spans
 
 log = logging.getLogger("gymbus.worker")
 
@@ -109,11 +109,7 @@ class Worker:
 
     def health(self) -> str:
         """``ok`` once connected with its consumers bound; otherwise starting, disconnected or draining."""
-        if self._stopping.is_set():
-            return "draining"
-        if not self.ready.is_set():
-            return "starting"
-        return "ok" if self._nc is not None and self._nc.is_connected else "disconnected"
+        return health.status(stopping=self._stopping, ready=self.ready, nc=self._nc)
 
     async def run(self) -> None:
         """Serve until `stop()` (or SIGTERM in `serve`), then drain."""

@@ -43,6 +43,7 @@ from broker.topology import Limits
 from runtime.engine.pull import Puller
 from runtime.profiling import profile
 from runtime.profiling.profile import Profile, RunInfo, Sample, TaskProfile
+from runtime.telemetry import health
 
 log = logging.getLogger("gymbus.profiler")
 
@@ -113,17 +114,11 @@ class Profiler:
 
     def health(self) -> str:
         """``ok`` once connected and bound to its consumer; otherwise starting, disconnected or draining."""
-        if self._stopping.is_set():
-            return "draining"
-        if not self.ready.is_set():
-            return "starting"
-        return "ok" if self._nc is not None and self._nc.is_connected else "disconnected"
+        return health.status(stopping=self._stopping, ready=self.ready, nc=self._nc)
 
     async def run(self) -> None:
         """Consume until `stop()`, then fold what is left, write the last snapshots and return."""
-        from runtime.telemetry.health import HealthServer
-
-        probe = await HealthServer.start(self.health, self.http_port) if self.http_port is not None else None
+        probe = await health.HealthServer.start(self.health, self.http_port) if self.http_port is not None else None
         if probe is not None:
             self.http_port = probe.port
         try:

@@ -16,10 +16,21 @@ import socket
 from collections.abc import Callable, Iterator
 
 import uvicorn
+from nats.aio.client import Client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+
+def status(*, stopping: asyncio.Event, ready: asyncio.Event, nc: Client | None) -> str:
+    """A long-running process's health: ``ok`` once connected with its consumers bound; otherwise
+    starting, disconnected or draining."""
+    if stopping.is_set():
+        return "draining"
+    if not ready.is_set():
+        return "starting"
+    return "ok" if nc is not None and nc.is_connected else "disconnected"
 
 
 def app(health: Callable[[], str]) -> Starlette:
