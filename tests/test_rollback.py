@@ -11,6 +11,8 @@ import time
 from broker import inspect, topology
 from broker.publish import publish_raw
 from runtime.engine.janitor import Janitor
+from runtime.engine.registry import register
+from runtime.sdk import load
 from runtime.testing import Harness
 from tests import fault_suite as fs
 
@@ -29,6 +31,7 @@ async def test_a_rolled_back_step_whose_message_survived_ends_as_a_timeout(harne
     await h.simulate(fs.MATH_TASKS, accuracy=1.0)
     [start] = fs.starts("rollback", 1, rollout_timeout_s=4.0)
     sid = "rollback.0.0"
+    await register(h.js, load("math"))  # math is known, but none of its workers runs yet
     await h.worker("simple_agent", janitor=False)
     await h.submit(start)
     await wait_for_step(h, sid, 1)  # the agent asked for a tool: step 1, phase tools
