@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import inspect
 import textwrap
+import threading
 from typing import Any
 
 import msgspec
@@ -182,11 +184,8 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not issubclass(klass, msgspec.Struct) or klass.__module__.startswith("msgspec"):
             continue
-        try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
-        except (OSError, TypeError, SyntaxError):  # no source (a class made at run time)
-            continue
-        if not isinstance(body, ast.ClassDef):
+        body = _class_def(klass)
+        if body is None:
             continue
         for stmt, after in zip(body.body, body.body[1:], strict=False):
             if (
@@ -198,3 +197,26 @@ def field_docs(cls: type) -> dict[str, str]:
             ):
                 docs[stmt.target.id] = " ".join(after.value.value.split())
     return docs
+
+
+_PARSING = threading.Lock()
+
+
+@functools.cache
+def _class_def(klass: type) -> ast.ClassDef | None:
+    """The class statement of ``klass``, parsed from its source once (None without source: a class
+    made at run time). CPython 3.11's parser keeps its recursion depth in shared state, so a parse
+    while another thread parses can fail with SystemError "AST constructor recursion depth
+    mismatch": ours run one at a time, and one spoiled by a foreign thread is parsed again."""
+    for attempt in range(3):
+        try:
+            with _PARSING:
+                body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        except (OSError, TypeError, SyntaxError):
+            return None
+        except SystemError:
+            if attempt == 2:
+                raise
+            continue
+        return body if isinstance(body, ast.ClassDef) else None
+    return None
