@@ -223,7 +223,9 @@ class Collector:
                 self.summary.submitted = len(wanted) + await rollouts.publish_starts(
                     js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, self.roots
                 )
-                await self._wait(progress, wanted)
+                # a rollout submitted again is done with a Result of that attempt (an older one's may
+                # still arrive, re-emitted from its session's record, and would be superseded)
+                await self._wait(progress, {**attempts, **wanted})
         finally:
             if rows_out is not None:
                 rows_out.close()
@@ -238,7 +240,8 @@ class Collector:
                 rows_out.flush()
 
     async def _wait(self, progress: RunProgress, wanted: dict[Key, int]) -> None:
-        """Until every rollout has a Result (of at least the attempt ``wanted`` says, for replays)."""
+        """Until every rollout has a Result of at least the attempt ``wanted`` says (submitted again, or
+        replayed)."""
         assert self.feed is not None
         feed, expected = self.feed, self.plan.expected
         while True:
