@@ -150,12 +150,13 @@ def _refusal(exc: BaseException) -> bool:
 
 
 def _reason(errors: list[BaseException]) -> str:
-    """The most telling error of the tries: the socket's (refused, unknown host) over nats-py's summary."""
+    """The most telling error of the tries: the broker's refusal (the socket resets after it), else the
+    socket's (refused, unknown host) over nats-py's summary."""
+    if any(_refusal(exc) for exc in errors):
+        return "authorization violation"
     for exc in reversed(errors):
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused"
-        if _refusal(exc):
-            return "authorization violation"
         if not isinstance(exc, nats.errors.NoServersError):
             text = str(exc) or type(exc).__name__
             return text.split("] ", 1)[-1].strip()
