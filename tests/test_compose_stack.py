@@ -47,7 +47,10 @@ def test_default_services_start_and_stay_up(stack: tuple[LocalStack, OtlpReceive
     assert len(local.procs["math"]) == 2
     for name in ["nats", "policy", *WORKERS]:
         assert all(p.alive() for p in local.procs[name]), name
-    assert local.check("nats").returncode == 0 and local.check("policy").returncode == 0
+    deadline = time.monotonic() + 60  # as `docker compose up --wait`: nothing depends on the policy's health
+    for name in ["nats", "policy"]:
+        local.wait_healthy(name, deadline)  # raises naming the service if it exits or never gets healthy
+        assert local.check(name).returncode == 0
 
 
 def test_submitted_tasks_end_as_verified_results(stack: tuple[LocalStack, OtlpReceiver], tmp_path: Path) -> None:

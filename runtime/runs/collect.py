@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -33,7 +34,6 @@ from broker import topology
 from broker.connect import connect
 from broker.schemas import Manifest, Result
 from runtime.judges import Model
-from runtime.model.endpoints import ModelEntry, entry_decoder, model_key
 from runtime.profiling.profile import Profile
 from runtime.rows import output_row
 from runtime.runs import identity as identities
@@ -41,7 +41,7 @@ from runtime.runs import rollouts
 from runtime.runs.config import ModelConfig, RunConfig
 from runtime.runs.feed import ResultsFeed
 from runtime.runs.folder import RunFolder
-from runtime.runs.models import describe_endpoints, register_model, urls_of, writer
+from runtime.runs.models import describe_endpoints, register_model, registered_entry, urls_of, writer
 from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
@@ -155,7 +155,7 @@ class Collector:
         cfg, urls = self.cfg, urls_of(self.cfg.model.base_url)
         if self.stack is None:
             await check_served(js, cfg, self.plan.functions)
-            registered = await _registered(js, cfg.model.name)
+            registered = await registered_entry(js, cfg.model.name)
             if registered["endpoints"] and not self.plan.model:
                 registered.update(await describe_endpoints(registered["endpoints"], cfg.model.name))
             self.plan.model = {**registered, **self.plan.model}
@@ -227,9 +227,9 @@ class Collector:
                 # still arrive, re-emitted from its session's record, and would be superseded)
                 await self._wait(progress, {**attempts, **wanted})
         finally:
+            feed.on_result = None
             if rows_out is not None:
                 rows_out.close()
-        await feed.stop()
 
     def _on_result(self, r: Result, new: bool, progress: RunProgress, rows_out: IO[str] | None) -> None:
         self.roots.finish(r)
@@ -268,6 +268,7 @@ class Collector:
         feed, summary = self.feed, self.summary
         summary.wall_s = time.time() - self.t_start
         if feed is not None:
+            await self._last_results(feed, nc)
             summary.results = {
                 k: v for k, v in feed.results.items() if (v.task_index, v.rollout_index) in self.plan.expected
             }
@@ -287,6 +288,17 @@ class Collector:
             self._finish_metadata()
             summary.profile = _write_profile(self.folder.path)
         self.folder.unlock()
+
+    async def _last_results(self, feed: ResultsFeed, nc: Client | None) -> None:
+        """Stop reading Results; with a local stack, once its workers have drained, so that what they
+        published while stopping (a newer attempt of a rollout, say) is in the run folder as in the stream."""
+        try:
+            if self.stack is not None and self.submitting and nc is not None and nc.is_connected:
+                await asyncio.to_thread(self.stack.stop_workers)
+                await feed.settle()
+            await feed.stop()
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("the run's last Results could not all be read: %s", exc)
 
     def _write_metadata(self, nats_url: str) -> None:
         """metadata.json at the start of the run (a replay keeps the run's own, updating its end only)."""
@@ -342,21 +354,6 @@ async def _register_named_models(
         urls = urls_of(model.base_url) or (policy_urls if simulated else [])
         if urls:
             await register_model(js, msgspec.structs.replace(model, name=name), urls, writer("collect"))
-
-
-async def _registered(js: JetStreamContext, model: str) -> dict[str, Any]:
-    """What the ``models`` bucket says of ``model`` (a run with --nats records it; unknown if absent)."""
-    try:
-        kv = await js.key_value(topology.MODELS)
-        entry: ModelEntry = entry_decoder.decode((await kv.get(model_key(model))).value or b"{}")
-    except Exception:
-        return {"endpoints": [], "simulated_policy": None, "registered": False}
-    return {
-        "endpoints": entry.endpoints,
-        "api": entry.api,
-        "registered_by": entry.written_by or None,
-        "simulated_policy": None,
-    }
 
 
 def _traces_note(run_dir: Path, local: bool) -> str:

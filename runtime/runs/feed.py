@@ -48,6 +48,15 @@ class ResultsFeed:
         async with asyncio.timeout(CATCH_UP_S):  # not wait_for: on 3.11 it can swallow a cancel (Ctrl-C)
             await self.caught_up.wait()
 
+    async def settle(self) -> None:
+        """Wait until every Result stored by now has been read (bounded like `catch_up`)."""
+        info = await self.js.stream_info(topology.RESULTS_STREAM, subjects_filter=self.subject)
+        stored = (info.state.subjects or {}).get(self.subject, 0)
+        async with asyncio.timeout(CATCH_UP_S):
+            while self._seen < stored:
+                self.changed.clear()
+                await self.changed.wait()
+
     async def _on_msg(self, m: Any) -> None:
         self._seen += 1
         try:

@@ -15,9 +15,10 @@ from typing import Any
 import aiohttp
 from nats.js import JetStreamContext
 
+from broker import topology
 from runtime.errors import InputError
 from runtime.model import sampling
-from runtime.model.endpoints import register
+from runtime.model.endpoints import ModelEntry, entry_decoder, model_key, register
 from runtime.runs.config import ModelConfig
 
 log = logging.getLogger("gymbus.models")
@@ -106,3 +107,18 @@ async def _check_one(http: aiohttp.ClientSession, url: str, model: str) -> set[s
             f"served model name {fix}"
         )
     return {str(m.get("owned_by", "")) for m in served if str(m.get("id")) == model}
+
+
+async def registered_entry(js: JetStreamContext, model: str) -> dict[str, Any]:
+    """What the ``models`` bucket says of ``model`` (a run with --nats records it; unknown if absent)."""
+    try:
+        kv = await js.key_value(topology.MODELS)
+        entry: ModelEntry = entry_decoder.decode((await kv.get(model_key(model))).value or b"{}")
+    except Exception:
+        return {"endpoints": [], "simulated_policy": None, "registered": False}
+    return {
+        "endpoints": entry.endpoints,
+        "api": entry.api,
+        "registered_by": entry.written_by or None,
+        "simulated_policy": None,
+    }

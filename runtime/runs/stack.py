@@ -192,16 +192,20 @@ class LocalStack:
             ref = proc.cmd[proc.cmd.index("worker") + 1]
             self.start_worker(ref, int(proc.name.rsplit("-", 1)[1]), concurrency=concurrency)
 
-    def stop(self) -> None:
-        """Workers first (draining in-flight work may still call the model), then the policy, then the broker."""
+    def stop_workers(self) -> None:
+        """Stop the workers, each draining what it holds (which may still call the model and publish)."""
         workers = [p for p in self.procs if p.name.startswith("worker-")]
         for p in workers:
             p.signal(signal.SIGTERM)
         for p in workers:
             p.stop()
+        self.procs = [p for p in self.procs if p not in workers]
+
+    def stop(self) -> None:
+        """Workers first (draining in-flight work may still call the model), then the policy, then the broker."""
+        self.stop_workers()
         for p in self.procs:
-            if p not in workers:
-                p.stop()
+            p.stop()
         self.procs.clear()
         if self.broker is not None:
             self.broker.stop()
