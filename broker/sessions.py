@@ -39,10 +39,15 @@ class SessionStore:
         self._stream = f"KV_{bucket}"
         self._prefix = f"$KV.{bucket}."
 
-    async def get(self, sid: str) -> tuple[Session, int] | None:
-        """The session and its revision, or None if there is none (or it was deleted)."""
+    async def get(self, sid: str, *, any_replica: bool = False) -> tuple[Session, int] | None:
+        """The session and its revision, or None if there is none (or it was deleted).
+
+        By default the stream's leader answers, so the value is the latest acknowledged write. With
+        ``any_replica`` the read is a direct get, which any replica of a replicated bucket may answer:
+        cheaper, but a follower that has not applied the latest write yet returns an older value (or
+        none). Only a caller that confirms with the leader before acting on an older value uses it."""
         try:
-            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid, direct=True)
+            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid, direct=any_replica)
         except NotFoundError:
             return None
         if msg.headers and msg.headers.get(_KV_OP) in ("DEL", "PURGE"):
@@ -88,7 +93,7 @@ class SessionStore:
     async def _written_by(self, sid: str, token: str) -> int | None:
         """The revision of the key's latest value if that value is the write carrying ``token``."""
         try:
-            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid, direct=True)
+            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid)
         except NotFoundError:
             return None
         return msg.seq if (msg.headers or {}).get(_WRITE) == token else None

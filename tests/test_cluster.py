@@ -25,7 +25,9 @@ import yaml
 from broker import topology
 from broker.connect import connect
 from broker.server import binary
+from broker.sessions import SessionStore
 from conftest import MATH_TASKS
+from runtime.bench.micro import tool_session
 from runtime.engine import audit
 from runtime.testing import Harness, task_rows
 from tests import fault_suite as fs
@@ -149,6 +151,36 @@ async def test_replicated_topology_serves_rollouts(cluster: Cluster, monkeypatch
         assert all(r.reward == 1.0 for r in results)
     finally:
         await harness.__aexit__(None, None, None)  # workers, client, simulated policy
+
+
+async def test_a_session_read_is_the_write_just_acknowledged(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any replica of a replicated bucket answers a direct get, and a follower that has not applied the
+    latest write answers with the value before it. A worker that read its session that way once took a
+    tool call's message for one from the future and dropped it: the rollout never ended. The session
+    store reads from the stream's leader (and the engine's fast replica read asks the leader again
+    before it acts on a session behind its message), so each read returns the write just acknowledged."""
+    monkeypatch.setenv("GYMBUS_STREAM_REPLICAS", CONFIGMAP["GYMBUS_STREAM_REPLICAS"])
+    nc = await connect(cluster.urls[0], name="gymbus-test")
+    try:
+        js = nc.jetstream()
+        await topology.ensure(js, topology.Limits.from_env())
+        store, s = SessionStore(js), tool_session()
+        rev, behind, step = 0, 0, 0
+        # until replicas have answered behind a few times (the followers serve direct gets once they
+        # are current; a few in a hundred reads are then behind on two cores)
+        while behind < 5:
+            step += 1
+            assert step <= 5000, f"direct gets were behind only {behind} times in 5000 writes: nothing shown"
+            s.step = step
+            rev = await store.update(s, last=rev)
+            loaded, replica = await asyncio.gather(
+                store.get(s.session_id), store.get(s.session_id, any_replica=True)
+            )
+            assert loaded is not None and (loaded[1], loaded[0].step) == (rev, step)
+            behind += replica is None or replica[1] < rev
+        print(f"direct gets behind the write just acknowledged: {behind} of {step}")
+    finally:
+        await nc.close()
 
 
 @pytest.mark.parametrize("restart", [True, False], ids=["node-restarted", "node-lost"])

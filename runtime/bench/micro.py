@@ -90,7 +90,7 @@ async def broker_ops(sync_always: bool, n: int) -> list[dict[str, Any]]:
             revs[c] = await store.update(s, last=revs.get(c, 0))
 
         async def get(c: int, i: int) -> None:
-            await store.get(f"micro.{c}.0")
+            await store.get(f"micro.{c}.0", any_replica=True)
 
         async def pub(c: int, i: int) -> None:
             await publish_raw(js, topology.verify_subject("micro"), verify, {"Nats-Msg-Id": f"{tag}:{c}:{i}"})

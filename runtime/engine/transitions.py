@@ -36,7 +36,7 @@ from broker.schemas import Msg, Phase, Resume, Seed, Session, Tools, Verify
 from broker.sessions import SessionStore, StateConflict
 from runtime.engine.admission import Admission
 from runtime.engine.records import finish_timings, fit, max_record_bytes
-from runtime.errors import DeadlineExceeded, GymError, Timeout
+from runtime.errors import DeadlineExceeded, GymError, Retry, Timeout
 from runtime.sdk import Respond
 
 log = logging.getLogger("gymbus.runtime")
@@ -122,7 +122,11 @@ async def transition(rt: Runtime, sid: str, step: int, phase: Phase, d: Delivery
 
 async def load_at(rt: Runtime, sid: str, step: int, phase: Phase) -> tuple[Session, int] | None:
     """The session if ``step`` applies to it now; otherwise re-emit if needed and return None."""
-    loaded = await rt.store.get(sid)
+    loaded = await rt.store.get(sid, any_replica=True)
+    if loaded is None or loaded[0].step < step:
+        # The message was emitted after its step's write was acknowledged, so a session behind it was
+        # read from a replica that has not applied that write yet: ask the leader.
+        loaded = await rt.store.get(sid)
     if loaded is None:
         raise SessionLost(sid)
     s, rev = loaded
@@ -132,6 +136,8 @@ async def load_at(rt: Runtime, sid: str, step: int, phase: Phase) -> tuple[Sessi
         await rt.emit(s)  # our transition is committed; the message after it may have been lost
     elif s.step == step:
         log.error("session %s step %d is in phase %s, not %s: message dropped", sid, step, s.phase, phase)
+    elif s.step < step:
+        raise Retry(reason=f"session {sid} is at step {s.step}, behind its message's step {step}")
     return None
 
 

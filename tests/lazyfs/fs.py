@@ -108,7 +108,7 @@ class LazyFS(fuse.Operations):
         self.root = str(Path(root).resolve())
         self.images: dict[int, Image] = {}
         self.handles: dict[int, Handle] = {}
-        self.lock = threading.Lock()
+        self._mutex = threading.Lock()
         self.next_fh = 1
         self.counts = {"writes": 0, "fsyncs": 0}
 
@@ -121,7 +121,7 @@ class LazyFS(fuse.Operations):
         st = os.fstat(self.handles[fh].fd) if fh in self.handles else os.lstat(self._path(path))
         attrs = {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_ino", "st_blocks")}
         attrs |= {k: getattr(st, f"{k}_ns") for k in ("st_atime", "st_mtime", "st_ctime")}
-        with self.lock:
+        with self._mutex:
             image = self.images.get(st.st_ino)
         attrs["st_size"] = image.size if image is not None else st.st_size
         return attrs
@@ -151,7 +151,7 @@ class LazyFS(fuse.Operations):
     def _forget_if_last_link(self, real: str) -> None:
         st = os.lstat(real)
         if st.st_nlink <= 1:
-            with self.lock:
+            with self._mutex:
                 self.images.pop(st.st_ino, None)
 
     def link(self, target: str, source: str) -> int:
@@ -195,7 +195,7 @@ class LazyFS(fuse.Operations):
     def _open(self, real: str, flags: int, mode: int = 0o644) -> int:
         keep = os.O_CREAT | os.O_EXCL if flags & os.O_CREAT else 0
         fd = os.open(real, os.O_RDWR | (flags & keep), mode)  # read-modify-write needs both, never O_APPEND
-        with self.lock:
+        with self._mutex:
             fh, self.next_fh = self.next_fh, self.next_fh + 1
             self.handles[fh] = Handle(fd, os.fstat(fd).st_ino, bool(flags & SYNC_FLAGS), real)
         if flags & os.O_TRUNC:
@@ -217,7 +217,7 @@ class LazyFS(fuse.Operations):
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         h = self.handles[fh]
-        with self.lock:
+        with self._mutex:
             image = self.images.get(h.ino)
             if image is not None:
                 return image.read(h.fd, offset, size)
@@ -225,7 +225,7 @@ class LazyFS(fuse.Operations):
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         h = self.handles[fh]
-        with self.lock:
+        with self._mutex:
             self._image(h).write(h.fd, offset, data)
             self.counts["writes"] += 1
             if h.sync:
@@ -240,14 +240,14 @@ class LazyFS(fuse.Operations):
             finally:
                 self.release(path, fh)
         h = self.handles[fh]
-        with self.lock:
+        with self._mutex:
             self._image(h).truncate(length)
             if h.sync:
                 self._sync(h)
         return 0
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        with self.lock:
+        with self._mutex:
             self._sync(self.handles[fh])
         return 0
 
@@ -261,7 +261,7 @@ class LazyFS(fuse.Operations):
         return 0  # close() is not a sync
 
     def release(self, path: str, fh: int) -> int:
-        with self.lock:
+        with self._mutex:
             h = self.handles.pop(fh)
             if os.fstat(h.fd).st_nlink == 0 and not any(o.ino == h.ino for o in self.handles.values()):
                 self.images.pop(h.ino, None)
@@ -271,7 +271,7 @@ class LazyFS(fuse.Operations):
     def checkpoint(self) -> int:
         """Write every file's image to the backing directory (a clean shutdown); returns how many."""
         flushed = 0
-        with self.lock:
+        with self._mutex:
             for folder, _, files in os.walk(self.root):
                 for name in files:
                     real = os.path.join(folder, name)
@@ -287,6 +287,6 @@ class LazyFS(fuse.Operations):
 
     def report(self) -> dict[str, Any]:
         """What a power cut now would lose: dirty bytes (page-rounded) per file, and the op counts."""
-        with self.lock:
+        with self._mutex:
             dirty = {i.path: len(i.pages) * PAGE for i in self.images.values()}
             return {"unsynced": dirty, **self.counts}
