@@ -167,3 +167,42 @@ def test_collect_rejects_bad_config_naming_the_key(tmp_path: Path, bad: dict, me
     )
     assert done.returncode == 2
     assert message in " ".join(done.stderr.decode().split())
+
+
+async def test_a_run_is_fed_to_the_workers_a_window_at_a_time(tmp_path: Path) -> None:
+    """With ``workers.in_flight: 3`` no more than three of the run's rollouts are ever submitted and
+    without a Result: a Start is published (its broker timestamp is the rollout's submitted_at) only
+    after a Result has freed its slot (which comes after that rollout's finished_at)."""
+    cfg = load_config(write_config(tmp_path, workers={"replicas": 1, "concurrency": 8, "in_flight": 3}, limit=8))
+    summary = await collect(cfg, run_id="window", quiet=True)
+    out = rows(tmp_path / "runs" / "window")
+    assert len(summary.results) == len(out) == 16 and not summary.failures
+    edges = sorted(
+        [(r["timings"]["submitted_at"], 1) for r in out] + [(r["timings"]["finished_at"], -1) for r in out],
+        key=lambda e: (e[0], e[1]),  # at equal times an end counts before a start
+    )
+    open_, most = 0, 0
+    for _, step in edges:
+        open_ += step
+        most = max(most, open_)
+    assert most == 3
+
+
+def test_the_rows_are_rewritten_one_per_rollout_in_order_from_the_file(tmp_path: Path) -> None:
+    """Rows appended as Results arrive: a later attempt after an earlier one, rows out of order, a line
+    a killed writer left unfinished, a rollout outside the run. The rewrite keeps each rollout's last
+    row, in task and repeat order, and drops the rest."""
+    from runtime.runs.folder import RunFolder
+
+    folder = RunFolder(tmp_path, "rw")
+    folder.path.mkdir(parents=True)
+
+    def row(task: int, repeat: int, attempt: int) -> str:
+        return json.dumps({"task_index": task, "rollout_index": repeat, "attempt": attempt, "reward": 1.0}) + "\n"
+
+    folder.rows_path.write_text(row(1, 0, 0) + row(0, 1, 0) + row(0, 0, 0) + '{"task_index": 2, "rollo')
+    with folder.appender() as out:  # the unfinished line is ended first: it cannot swallow this row
+        out.write(row(1, 0, 1) + row(9, 0, 0) + row(0, 1, 0))
+    folder.rewrite_rows(lambda task, repeat: task < 9)
+    kept = [json.loads(line) for line in folder.rows_path.read_text().splitlines()]
+    assert [(r["task_index"], r["rollout_index"], r["attempt"]) for r in kept] == [(0, 0, 0), (0, 1, 0), (1, 0, 1)]

@@ -64,5 +64,5 @@ async def test_a_mixed_run_profiles_each_environment(tmp_path: Path) -> None:
             assert part["reward"]["mean"] == 1.0 and part["pass_at_k"][0]["value"] == 1.0
             assert part["latency"]["verify"]["count"] == len(rs)
     assert profile["by_env"]["no_such_env"]["failures"] == {"invalid_input": 2}
-    info, _, samples = load(summary.run_dir)  # offline, from rollouts.jsonl: the same split
+    info, samples = load(summary.run_dir)  # offline, from rollouts.jsonl: the same split
     assert {s.env for s in samples} == set(by_env) and info.tasks == len(rows)

@@ -120,8 +120,9 @@ def test_offline_profile_reads_the_run_folder_and_writes_its_files(tmp_path: Pat
     second = {**ROW, "session_id": "run1.0.1", "rollout_index": 1, "reward": None, "failure_kind": "tool_error"}
     meta = {"run_id": "run1", "tasks": 1, "repeats": 2, "expected": 2, "config": {"profile": {"pass_threshold": 0.5}}}
     run_dir = write_run(tmp_path, [json.dumps(ROW), json.dumps(second)], meta)
-    info, rows, samples = profile.load(run_dir)
-    assert info.pass_threshold == 0.5 and len(rows) == 2
+    rows: list[dict[str, object]] = []
+    info, samples = profile.load(run_dir, on_row=rows.append)
+    assert info.pass_threshold == 0.5 and len(rows) == len(samples) == 2
     prof, tasks = profile.build(info, samples, source="offline")
     profile.write(run_dir, prof, tasks)
     written = json.loads((run_dir / "profile.json").read_text())

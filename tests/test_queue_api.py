@@ -101,7 +101,7 @@ async def test_a_raw_producer_gets_the_rollouts_collect_gets(harness: Harness, t
             assert row is not None
             await publish(harness, raw_start(row, "raw", task, rollout), f"raw.{task}.{rollout}:start:0")
     raw = {(r.task_index, r.rollout_index): r for r in await harness.results("raw", 8)}
-    gathered = {(r.task_index, r.rollout_index): r for r in summary.results.values()}
+    gathered = {(r.task_index, r.rollout_index): r for r in await harness.results("via-collect", 8)}
     assert {k: comparable(r) for k, r in raw.items()} == {k: comparable(r) for k, r in gathered.items()}
     some = next(iter(raw.values()))
     # what was sent: the run's defaults over the neutral values of every other sampling parameter

@@ -105,6 +105,17 @@ def test_report_of_a_run_where_nothing_was_scored(tmp_path: Path) -> None:
 
 
 def test_browser_embeds_failed_rollouts_first_when_capped() -> None:
-    rows = [row(t, 0, 1.0) for t in range(5)] + [row(5, 0, None, failure_kind="timeout")]
-    shown, total = report.browser_rows(rows, 1.0, limit=3)
-    assert total == 6 and [r["task"] for r in shown] == [0, 1, 5]
+    view = report.RowView(limit=3)
+    for r in [row(t, 0, 1.0) for t in range(5)] + [row(5, 0, None, failure_kind="timeout")]:
+        view.add(r)
+    shown = report.browser_rows(view.kept(), 1.0)
+    assert view.total == 6 and [r["task"] for r in shown] == [0, 1, 5]
+
+
+def test_the_report_holds_a_bounded_number_of_rows_however_large_the_run() -> None:
+    view = report.RowView(limit=3)
+    for t in range(2000, 0, -1):  # arriving in the order least favourable to a cap
+        view.add(row(t, 0, 1.0 if t % 500 else None, **({} if t % 500 else {"failure_kind": "timeout"})))
+        assert len(view._kept) < 2 * view.limit
+    assert view.total == 2000 and len(view.prompts) == 2000
+    assert [(r["task_index"], r["reward"]) for r in view.kept()] == [(500, None), (1000, None), (1500, None)]

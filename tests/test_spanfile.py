@@ -76,3 +76,19 @@ def test_breakdown_counts_hops_and_their_queue_waits() -> None:
     assert rows["agent step"].share == approx(0.3) and rows["agent step"].per_rollout_s == approx(0.03)
     [queue] = [s for s in rollout.spans if s.name == "queue gym.agent.a"]
     assert (queue.start_ns, queue.end_ns, queue.parent_id) == (0, 10_000_000, "r")
+
+
+def test_a_sample_of_traces_keeps_every_span_of_the_first_traces_and_none_of_the_rest(tmp_path: Path) -> None:
+    """The report reads a capped sample of a large traces.jsonl: whole traces, the first met."""
+    import msgspec
+
+    path = tmp_path / "traces.jsonl"
+    spans = [
+        msgspec.structs.replace(span("hop", f"{t}-{k}", None, 0, 1), trace_id=f"t{t}")
+        for k in range(3)
+        for t in range(5)  # the traces' spans interleaved, as processes append them
+    ]
+    path.write_bytes(b"".join(msgspec.json.encode(s) + b"\n" for s in spans))
+    sample = list(spanfile.iter_spans(path, max_traces=2))
+    assert sorted(s.span_id for s in sample) == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
+    assert len(list(spanfile.iter_spans(path))) == 15

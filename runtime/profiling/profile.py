@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -332,20 +332,25 @@ def sample_from_row(row: dict[str, Any]) -> Sample:
     return Sample.of(result_from_row(row))
 
 
+def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of a JSONL file, read one line at a time; a line that is not a JSON object is an error
+    naming it."""
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ProfileError(f"{path} line {lineno} is not valid JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ProfileError(f"{path} line {lineno} is a JSON {type(row).__name__}, not an object")
+            yield row
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file; a line that is not a JSON object is an error naming it."""
-    rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path} line {lineno} is not valid JSON: {exc}") from None
-        if not isinstance(row, dict):
-            raise ProfileError(f"{path} line {lineno} is a JSON {type(row).__name__}, not an object")
-        rows.append(row)
-    return rows
+    """The rows of a JSONL file (see `iter_rows`)."""
+    return list(iter_rows(path))
 
 
 def run_info(run_dir: Path, pass_threshold: float | None = None) -> RunInfo:
@@ -368,21 +373,25 @@ def run_info(run_dir: Path, pass_threshold: float | None = None) -> RunInfo:
         raise ProfileError(f"{path}: {exc}") from None
 
 
-def load(run_dir: Path, pass_threshold: float | None = None) -> tuple[RunInfo, list[dict[str, Any]], list[Sample]]:
-    """A run folder's RunInfo, its rows and their Samples."""
+def load(
+    run_dir: Path, pass_threshold: float | None = None, on_row: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[RunInfo, list[Sample]]:
+    """A run folder's RunInfo and its Samples, reading ``rollouts.jsonl`` one row at a time: a row is
+    handed to ``on_row`` and dropped, so a run of any size is profiled in memory for its Samples only."""
     path = run_dir / "rollouts.jsonl"
     if not run_dir.is_dir():
         raise ProfileError(f"run folder {str(run_dir)!r} does not exist")
     if not path.exists():
         raise ProfileError(f"run folder {str(run_dir)!r} has no rollouts.jsonl (has the run written any Results?)")
-    rows = read_rows(path)
     samples: dict[str, Sample] = {}
-    for lineno, row in enumerate(rows, 1):
+    for n, row in enumerate(iter_rows(path), 1):
         try:
             keep(samples, sample_from_row(row))
         except msgspec.ValidationError as exc:
-            raise ProfileError(f"{path} row {lineno}: {exc}") from None
-    return run_info(run_dir, pass_threshold), rows, list(samples.values())
+            raise ProfileError(f"{path} row {n}: {exc}") from None
+        if on_row is not None:
+            on_row(row)
+    return run_info(run_dir, pass_threshold), list(samples.values())
 
 
 def write(run_dir: Path, profile: Profile, tasks: list[TaskProfile]) -> None:

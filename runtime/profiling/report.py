@@ -11,6 +11,7 @@ the run folder and returning a `Section` or None): that is where a per-hop break
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from runtime.profiling.tables import seconds
 
 MAX_ROLLOUTS = 3000
 """Rollouts the browser embeds (failed ones first, then in task order); all are in rollouts.jsonl."""
+MAX_TRACES = 2_000
+"""The trace section reads this many traces at most: a per-hop breakdown does not need every rollout's."""
 MAX_TEXT = 20_000
 """Characters kept of one conversation item."""
 
@@ -54,19 +57,20 @@ def section_providers() -> list[SectionProvider]:
 def trace_section(run_dir: Path) -> Section | None:
     """The per-hop latency breakdown of the run's ``traces.jsonl`` (what `gymbus traces` prints), if any."""
     from runtime.profiling import breakdown as traces
+    from runtime.telemetry.spanfile import iter_spans
 
     path = run_dir / "traces.jsonl"
     if not path.is_file():
         return None
-    rollouts = traces.rollouts(traces.load(path))
+    rollouts = traces.rollouts(iter_spans(path, max_traces=MAX_TRACES))
     if not rollouts:
         return None
     head = "".join(f"<th>{h}</th>" for h in ("hop", "count", "per rollout", "mean", "p50", "p95", "max", "share"))
     body = Markup("").join(_hop_row(r) for r in traces.breakdown(rollouts))
     note = Markup(
-        "<p>From the spans of {} rollouts in <code>traces.jsonl</code>; "
+        "<p>From the spans of {} rollouts in <code>traces.jsonl</code>{}; "
         "<code>gymbus traces</code> prints the slowest as waterfalls.</p>"
-    ).format(len(rollouts))
+    ).format(len(rollouts), f" (the first {MAX_TRACES:,} traces in the file)" if len(rollouts) >= MAX_TRACES else "")
     table = Markup('<table class="tasks"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>').format(
         Markup(head), Markup(body)
     )
@@ -82,7 +86,8 @@ def _hop_row(r: Any) -> Markup:
 
 def write_all(run_dir: Path, pass_threshold: float | None = None) -> Profile:
     """Profile a run folder and write ``profile.json``, ``tasks.jsonl`` and ``report.html`` into it."""
-    info, rows, samples = profile.load(run_dir, pass_threshold)
+    rows = RowView()
+    info, samples = profile.load(run_dir, pass_threshold, on_row=rows.add)
     prof, tasks = profile.build(info, samples, source="offline")
     profile.write(run_dir, prof, tasks)
     meta_path = run_dir / "metadata.json"
@@ -95,7 +100,7 @@ def write_all(run_dir: Path, pass_threshold: float | None = None) -> Profile:
 def render(
     prof: Profile,
     tasks: list[TaskProfile],
-    rows: list[dict[str, Any]],
+    rows: RowView,
     samples: list[Sample],
     meta: dict[str, Any],
     sections: list[Section] | None = None,
@@ -103,8 +108,7 @@ def render(
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True, undefined=jinja2.StrictUndefined
     )
-    rollouts, total = browser_rows(rows, prof.pass_threshold)
-    by_index = _task_rows(rows)
+    rollouts, total = browser_rows(rows.kept(), prof.pass_threshold), rows.total
     return env.get_template("report.html").render(
         p=prof,
         meta=meta,
@@ -112,8 +116,8 @@ def render(
         charts=_charts(prof, tasks, samples),
         hardest=sorted((t for t in tasks if t.scored), key=lambda t: (t.pass_rate or 0.0, t.task_index)),
         unscored=[t for t in tasks if not t.scored],
-        prompts={i: _preview(r) for i, r in by_index.items()},
-        answers={i: r.get("expected_answer") for i, r in by_index.items()},
+        prompts=rows.prompts,
+        answers=rows.answers,
         rollouts=rollouts,
         total_rollouts=total,
         sections=sections or [],
@@ -211,15 +215,36 @@ def _short_seconds(v: float) -> str:
 # --- the rollout browser -------------------------------------------------------------------------
 
 
-def browser_rows(
-    rows: list[dict[str, Any]], threshold: float, limit: int = MAX_ROLLOUTS
-) -> tuple[list[dict[str, Any]], int]:
-    """What the browser shows of each rollout (up to ``limit``, failed ones first), and how many there are."""
-    ordered = sorted(
-        rows, key=lambda r: (r.get("reward") is not None, r.get("task_index", 0), r.get("rollout_index", 0))
-    )
-    kept = sorted(ordered[:limit], key=lambda r: (r.get("task_index", 0), r.get("rollout_index", 0)))
-    return [_rollout(r, threshold) for r in kept], len(rows)
+class RowView:
+    """What the report shows of ``rollouts.jsonl``, gathered one row at a time so a run of any size is
+    never held: each task's prompt preview and expected answer, and the rollouts the browser lists
+    (up to ``limit``: failed ones first, then by task and repeat)."""
+
+    def __init__(self, limit: int = MAX_ROLLOUTS) -> None:
+        self.limit = limit
+        self.total = 0
+        self.prompts: dict[int, str] = {}
+        self.answers: dict[int, Any] = {}
+        self._kept: list[tuple[tuple[bool, int, int], int, dict[str, Any]]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.total += 1
+        task = row.get("task_index", -1)
+        if task not in self.prompts:
+            self.prompts[task], self.answers[task] = _preview(row), row.get("expected_answer")
+        key = (row.get("reward") is not None, row.get("task_index", 0), row.get("rollout_index", 0))
+        self._kept.append((key, self.total, row))
+        if len(self._kept) >= 2 * self.limit:
+            self._kept = heapq.nsmallest(self.limit, self._kept)
+
+    def kept(self) -> list[dict[str, Any]]:
+        return [row for _, _, row in heapq.nsmallest(self.limit, self._kept)]
+
+
+def browser_rows(rows: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
+    """What the browser shows of each of ``rows``, by task and repeat."""
+    kept = sorted(rows, key=lambda r: (r.get("task_index", 0), r.get("rollout_index", 0)))
+    return [_rollout(r, threshold) for r in kept]
 
 
 def _rollout(row: dict[str, Any], threshold: float) -> dict[str, Any]:
@@ -311,13 +336,6 @@ def _clip(text: str) -> str:
     if len(text) <= MAX_TEXT:
         return text
     return text[:MAX_TEXT] + f"\n… ({len(text) - MAX_TEXT:,} more characters in rollouts.jsonl)"
-
-
-def _task_rows(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        out.setdefault(r.get("task_index", -1), r)
-    return out
 
 
 def _preview(row: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ def offline(console: Console, run_dir: Path, pass_threshold: float | None, *, as
     """Profile a run folder, (re)write its profile files unless told not to, and print the profile."""
     if write:
         write_all(run_dir, pass_threshold)
-    info, _, samples = profile.load(run_dir, pass_threshold)
+    info, samples = profile.load(run_dir, pass_threshold)
     prof, tasks = profile.build(info, samples, source="offline")
     if as_json:
         print(msgspec.json.encode({"profile": prof, "tasks": tasks}).decode())

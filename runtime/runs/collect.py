@@ -14,6 +14,7 @@ a run folder has one writer at a time (`runs.folder`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import platform
@@ -32,14 +33,14 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.connect import connect
-from broker.schemas import Manifest, Result
+from broker.schemas import Manifest, Result, session_id
 from runtime.judges import Model
 from runtime.profiling.profile import Profile
 from runtime.rows import output_row
 from runtime.runs import identity as identities
 from runtime.runs import rollouts
 from runtime.runs.config import ModelConfig, RunConfig
-from runtime.runs.feed import ResultsFeed
+from runtime.runs.feed import Done, ResultsFeed
 from runtime.runs.folder import RunFolder
 from runtime.runs.models import describe_endpoints, register_model, registered_entry, urls_of, writer
 from runtime.runs.plan import Key, Plan, check_served, prepare
@@ -59,7 +60,8 @@ class Summary:
     run_dir: Path
     expected: int
     submitted: int
-    results: dict[str, Result] = field(default_factory=dict)
+    results: dict[str, Done] = field(default_factory=dict)
+    """Each rollout's latest Result, as much of it as the summary needs (the rows are in the folder)."""
     wall_s: float = 0.0
     profile: Profile | None = None
     """The run's reward profile, written with the run folder (None if profiling it failed)."""
@@ -112,6 +114,13 @@ class Collector:
         self.summary = Summary(plan.run_id, self.folder.path, expected=len(plan.expected), submitted=0)
         self.stack: LocalStack | None = None
         self.feed: ResultsFeed | None = None
+        self.rows_out: IO[str] | None = None
+        self.progress: RunProgress | None = None
+        self.window = rollouts.Window(self.cfg.workers.window())
+        self.wanted: dict[Key, int] = {}
+        """The attempt each rollout submitted again (or replayed) must reach to be done."""
+        self.pending: set[Key] = set()
+        """The run's rollouts not done yet (filled once submitting starts)."""
         self.roots = RolloutSpans()
         self.submitting = False
         """Set once the first rollout may have been published: from then on the folder is the run's."""
@@ -200,67 +209,82 @@ class Collector:
         )
         folder_identity = self.folder.identity() if self.summary.wrote_folder else None
         fresh = await identities.open_manifest(js, manifest, extend=self.extend, folder=folder_identity)
-        feed = self.feed = ResultsFeed(js, plan.run_id)
+        # every Result is written to the folder as it is read and only its Done is kept, and Starts go
+        # out as Results come back (`rollouts.Window`): a run of any size is gathered in bounded memory
+        self.rows_out = self.folder.appender() if self.summary.wrote_folder else None
+        feed = self.feed = ResultsFeed(js, plan.run_id, keep=False)
+        feed.on_result = self._on_result
         await feed.start()
         await feed.catch_up()
-        if not feed.results and self.summary.wrote_folder:  # a new broker (store deleted, another cluster)
+        if not feed.done and self.summary.wrote_folder:  # a new broker (store deleted, another cluster)
             for r in self.folder.results(plan.run_id):
-                feed.results.setdefault(r.session_id, r)
-        done = {(r.task_index, r.rollout_index) for r in feed.results.values()}
+                feed.add(r)
+        done = {(d.task_index, d.rollout_index) for d in feed.done.values()}
         attempts = await rollouts.plan(js, sorted(plan.expected - done), plan.run_id, fresh, time.time())
         wanted = await rollouts.replay(js, plan.run_id, self.replay) if self.replay is not None else {}
+        # a rollout submitted again is done with a Result of that attempt (an older one's may still
+        # arrive, re-emitted from its session's record, and would be superseded)
+        self.wanted = {**attempts, **wanted}
         self.submitting = True
         if self.summary.wrote_folder:
             self._write_metadata(nats_url)
         progress = RunProgress(total=len(plan.expected), run_id=plan.run_id, quiet=self.quiet, console=self.console)
-        for r in feed.results.values():
-            if (r.task_index, r.rollout_index) in plan.expected:
-                progress.add(r, resumed=True)
-        rows_out = self.folder.appender() if self.summary.wrote_folder else None
-        feed.on_result = lambda r, new: self._on_result(r, new, progress, rows_out)
-        try:
-            with progress:
-                self.summary.submitted = len(wanted) + await rollouts.publish_starts(
-                    js, self.cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts, self.roots
-                )
-                # a rollout submitted again is done with a Result of that attempt (an older one's may
-                # still arrive, re-emitted from its session's record, and would be superseded)
-                await self._wait(progress, {**attempts, **wanted})
-        finally:
-            feed.on_result = None
-            if rows_out is not None:
-                rows_out.close()
+        for d in feed.done.values():
+            if (d.task_index, d.rollout_index) in plan.expected:
+                progress.add(d, resumed=True)
+        self.progress = progress
+        self.pending = {k for k in plan.expected if not self._done(k)}
+        with progress:
+            tasks = {t.index: t for t in plan.tasks}
+            publishing = asyncio.create_task(
+                rollouts.publish_starts(js, self.cfg, plan.run_id, tasks, attempts, self.roots, self.window)
+            )
+            try:
+                await self._wait(publishing)
+            finally:
+                if not publishing.done():
+                    publishing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await publishing
+                self.summary.submitted = len(wanted) + self.window.entered
 
-    def _on_result(self, r: Result, new: bool, progress: RunProgress, rows_out: IO[str] | None) -> None:
-        self.roots.finish(r)
-        if new and (r.task_index, r.rollout_index) in self.plan.expected:
-            progress.add(r)
-            if rows_out is not None:
-                rows_out.write(json.dumps(output_row(self.plan.rows.get(r.task_index), r)) + "\n")
-                rows_out.flush()
-
-    async def _wait(self, progress: RunProgress, wanted: dict[Key, int]) -> None:
-        """Until every rollout has a Result of at least the attempt ``wanted`` says (submitted again, or
-        replayed)."""
+    def _done(self, key: Key) -> bool:
         assert self.feed is not None
-        feed, expected = self.feed, self.plan.expected
-        while True:
-            done = {
-                (r.task_index, r.rollout_index)
-                for r in feed.results.values()
-                if r.attempt >= wanted.get((r.task_index, r.rollout_index), 0)
-            }
-            if expected <= done:
-                return
-            feed.changed.clear()
+        d = self.feed.done.get(session_id(self.plan.run_id, *key))
+        return d is not None and d.attempt >= self.wanted.get(key, 0)
+
+    def _on_result(self, r: Result, new: bool, latest: bool) -> None:
+        self.roots.finish(r)
+        key = (r.task_index, r.rollout_index)
+        if key not in self.plan.expected:
+            return
+        if latest and self.rows_out is not None:
+            self.rows_out.write(json.dumps(output_row(self.plan.rows.get(r.task_index), r)) + "\n")
+            self.rows_out.flush()
+        self.window.leave(key, r.attempt)
+        if self.progress is not None:  # submitting: the Results read before are counted as resumed
+            if new:
+                self.progress.add(r)
+            if r.attempt >= self.wanted.get(key, 0):
+                self.pending.discard(key)
+
+    async def _wait(self, publishing: asyncio.Task[int]) -> None:
+        """Until every rollout has a Result of at least the attempt ``wanted`` says (submitted again, or
+        replayed), while ``publishing`` submits what is missing."""
+        assert self.feed is not None and self.progress is not None
+        while self.pending:
+            if publishing.done() and not publishing.cancelled() and publishing.exception() is not None:
+                await publishing  # raises its error
+            self.feed.changed.clear()
             try:
                 async with asyncio.timeout(2.0):
-                    await feed.changed.wait()
+                    await self.feed.changed.wait()
             except TimeoutError:
                 pass
             if self.stack is not None:
                 self.stack.restart_exited_workers(self.cfg.workers.concurrency)
-            progress.refresh()
+            self.progress.refresh()
+        await publishing
 
     async def _shutdown(self, nc: Client | None) -> None:
         """Stop the local stack and write what was gathered (also when interrupted); a start that failed
@@ -270,8 +294,10 @@ class Collector:
         if feed is not None:
             await self._last_results(feed, nc)
             summary.results = {
-                k: v for k, v in feed.results.items() if (v.task_index, v.rollout_index) in self.plan.expected
+                k: v for k, v in feed.done.items() if (v.task_index, v.rollout_index) in self.plan.expected
             }
+        if self.rows_out is not None:
+            self.rows_out.close()
         if nc is not None:
             await nc.close()
         self.roots.abandon()
@@ -284,7 +310,7 @@ class Collector:
             self.folder.discard_if_new()
             return
         if feed is not None:
-            self.folder.write_rows(self.plan.rows, summary.results.values())
+            self.folder.rewrite_rows(lambda task, repeat: (task, repeat) in self.plan.expected)
             self._finish_metadata()
             summary.profile = _write_profile(self.folder.path)
         self.folder.unlock()

@@ -57,6 +57,12 @@ class WorkersConfig(Strict):
     """Worker processes per function (embedded broker only)."""
     concurrency: Annotated[int, Meta(ge=1)] = 64
     """Messages each worker handles at once."""
+    in_flight: Annotated[int, Meta(ge=1)] | None = None
+    """Rollouts of the run submitted and without a Result at once; more are submitted as Results arrive
+    (default: 4 x replicas x concurrency). Raise it for a shared broker whose workers serve more."""
+
+    def window(self) -> int:
+        return self.in_flight or 4 * self.replicas * self.concurrency
 
 
 class ProfileConfig(Strict):

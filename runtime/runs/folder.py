@@ -14,7 +14,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,7 +22,7 @@ import msgspec
 
 from broker.schemas import Result, RunIdentity
 from runtime.errors import UsageError
-from runtime.rows import output_row, result_from_row
+from runtime.rows import result_from_row
 
 
 class RunBusy(UsageError):
@@ -114,27 +114,64 @@ class RunFolder:
 
     # ---- rollouts.jsonl -------------------------------------------------------------------------
 
-    def results(self, run_id: str) -> Iterable[Result]:
-        """The Results the folder's rows were written from (rows it cannot read are skipped)."""
+    def results(self, run_id: str) -> Iterator[Result]:
+        """The Results the folder's rows were written from, read a line at a time (rows it cannot read
+        are skipped)."""
         if not self.rows_path.exists():
             return
-        for line in self.rows_path.read_text().splitlines():
-            try:
-                r = result_from_row(json.loads(line))
-            except (ValueError, msgspec.ValidationError):
-                continue
-            if r.run_id == run_id:
-                yield r
+        with self.rows_path.open() as fh:
+            for line in fh:
+                try:
+                    r = result_from_row(json.loads(line))
+                except (ValueError, msgspec.ValidationError):
+                    continue
+                if r.run_id == run_id:
+                    yield r
 
     def appender(self) -> IO[str]:
-        """rollouts.jsonl opened for appending rows as they arrive (rewritten sorted at the end)."""
-        return self.rows_path.open("a")
+        """rollouts.jsonl opened for appending rows as they arrive (rewritten sorted at the end). A line
+        a killed writer left unfinished is ended first, so it cannot swallow the next row."""
+        unended = False
+        if self.rows_path.exists() and self.rows_path.stat().st_size:
+            with self.rows_path.open("rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                unended = fh.read(1) != b"\n"
+        out = self.rows_path.open("a")
+        if unended:
+            out.write("\n")
+        return out
 
-    def write_rows(self, rows_by_index: dict[int, dict[str, Any] | None], results: Iterable[Result]) -> None:
-        """Rewrite rollouts.jsonl sorted by task and repeat, atomically."""
-        ordered = sorted(results, key=lambda r: (r.task_index, r.rollout_index))
+    def rewrite_rows(self, keep: Callable[[int, int], bool]) -> None:
+        """Rewrite rollouts.jsonl with one row per rollout kept, sorted by task and repeat, atomically.
+
+        Rows are appended only when their Result becomes the rollout's latest, so a rollout's last row
+        is the one kept. The file is read a line at a time (twice): a run of any size is rewritten
+        holding one offset per rollout, never the rows."""
+        if not self.rows_path.exists():
+            return
+        last: dict[tuple[int, int], int] = {}
         tmp = self.rows_path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as fh:
-            for r in ordered:
-                fh.write(json.dumps(output_row(rows_by_index.get(r.task_index), r)) + "\n")
+        with self.rows_path.open("rb") as fh:
+            offset = 0
+            for line in fh:
+                try:
+                    k = _row_key.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    k = None
+                if k is not None and keep(k.task_index, k.rollout_index):
+                    last[(k.task_index, k.rollout_index)] = offset
+                offset += len(line)
+            with tmp.open("wb") as out:
+                for key in sorted(last):
+                    fh.seek(last[key])
+                    out.write(fh.readline().rstrip(b"\n") + b"\n")
         os.replace(tmp, self.rows_path)
+
+
+class _RowKey(msgspec.Struct):
+    task_index: int
+    rollout_index: int
+
+
+_row_key = msgspec.json.Decoder(_RowKey)
+"""Reads only a row's rollout (the rest of the line is skipped, not built)."""

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from broker.schemas import Result
+from runtime.runs.feed import Done
 
 
 class RunProgress:
@@ -22,7 +23,8 @@ class RunProgress:
         self.console = console or Console(stderr=True)
         self.done = 0
         self.resumed = 0
-        self.rewards: list[float] = []
+        self.scored = 0
+        self.reward_sum = 0.0
         self.failures: Counter[str] = Counter()
         self.t0 = time.monotonic()
         self._last_line = 0.0
@@ -41,17 +43,18 @@ class RunProgress:
         )
         self._task = self._progress.add_task(f"run {run_id}", total=total, rate="", stats="")
 
-    def add(self, r: Result, resumed: bool = False) -> None:
+    def add(self, r: Result | Done, resumed: bool = False) -> None:
         self.done += 1
         self.resumed += resumed
         if r.reward is not None:
-            self.rewards.append(r.reward)
+            self.scored += 1
+            self.reward_sum += r.reward
         if r.failure_kind:
             self.failures[r.failure_kind] += 1
         self.refresh()
 
     def stats(self) -> str:
-        mean = f"reward {sum(self.rewards) / len(self.rewards):.3f}" if self.rewards else "reward -"
+        mean = f"reward {self.reward_sum / self.scored:.3f}" if self.scored else "reward -"
         return f"{mean} · failed {sum(self.failures.values())}"
 
     def refresh(self) -> None:

@@ -54,6 +54,32 @@ async def plan(js: JetStreamContext, missing: list[Key], run_id: str, fresh: boo
     return {k: a for k, a in decided if a is not None}
 
 
+class Window:
+    """At most ``size`` of the rollouts a command submitted are without a Result: a Start is published
+    when a slot is free, and a slot frees when its rollout's Result (of that attempt) arrives. A large
+    run is thus fed to the workers as they take it, not queued whole: what waits in the broker, what
+    the gatherer holds, and the time a Start waits before a worker takes it (which its rollout's
+    deadline counts) stay the same whatever the run's size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = asyncio.Semaphore(size)
+        self._open: dict[Key, int] = {}
+        self.entered = 0
+        """How many rollouts were let through so far."""
+
+    async def enter(self, key: Key, attempt: int) -> None:
+        await self._free.acquire()
+        self._open[key] = attempt
+        self.entered += 1
+
+    def leave(self, key: Key, attempt: int) -> None:
+        """A Result of ``key`` arrived; its slot frees if it is of the attempt submitted (or later)."""
+        if key in self._open and attempt >= self._open[key]:
+            del self._open[key]
+            self._free.release()
+
+
 async def publish_starts(
     js: JetStreamContext,
     cfg: RunConfig,
@@ -61,31 +87,39 @@ async def publish_starts(
     tasks: dict[int, TaskRow],
     attempts: dict[Key, int],
     roots: RolloutSpans | None = None,
+    window: Window | None = None,
 ) -> int:
-    """Publish the Start of every rollout in ``attempts``; a row that cannot be a Start (unreadable,
-    over the broker's max_payload) ends its rollouts as failed Results instead. Returns how many."""
-    sem = asyncio.Semaphore(256)
+    """Publish the Start of every rollout in ``attempts``, in task order and, with a ``window``, as its
+    slots free; a row that cannot be a Start (unreadable, over the broker's max_payload) ends its
+    rollouts as failed Results instead. Returns how many."""
 
     async def one(task_index: int, rollout: int, attempt: int) -> None:
         task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
         sid = session_id(run_id, task_index, rollout)
-        async with sem:
-            if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
-                await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
-                return
-            start = build_start(cfg, run_id, task, rollout, attempt)  # the row as it is: the workers decide
-            subject = topology.agent_subject(start.agent)
-            try:
-                with roots.submitting(start, sid) if roots else contextlib.nullcontext():
-                    await publish(js, subject, start, f"{sid}:start:{attempt}")
-            except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
-                reason = (
-                    f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
-                    f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
-                )
-                await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
+        if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
+            await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
+            return
+        start = build_start(cfg, run_id, task, rollout, attempt)  # the row as it is: the workers decide
+        subject = topology.agent_subject(start.agent)
+        try:
+            with roots.submitting(start, sid) if roots else contextlib.nullcontext():
+                await publish(js, subject, start, f"{sid}:start:{attempt}")
+        except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
+            reason = (
+                f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
+                f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
+            )
+            await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
 
-    await asyncio.gather(*(one(t, r, a) for (t, r), a in sorted(attempts.items())))
+    todo = iter(sorted(attempts.items()))
+
+    async def publisher() -> None:  # 256 of these share one iterator: as many publishes in flight
+        for (task_index, rollout), attempt in todo:
+            if window is not None:
+                await window.enter((task_index, rollout), attempt)
+            await one(task_index, rollout, attempt)
+
+    await asyncio.gather(*(publisher() for _ in range(min(256, len(attempts)))))
     return len(attempts)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +126,22 @@ class JsonlSpanExporter(SpanExporter):
 
 def load(path: str | Path) -> list[SpanRecord]:
     """Every span in a ``traces.jsonl``, skipping lines that do not parse."""
-    spans = []
+    return list(iter_spans(path))
+
+
+def iter_spans(path: str | Path, max_traces: int | None = None) -> Iterator[SpanRecord]:
+    """The spans of a ``traces.jsonl`` one line at a time, skipping lines that do not parse; with
+    ``max_traces``, only those of the first that many traces met in the file (a sample whose size,
+    unlike the file's, does not grow with the run)."""
+    traces: set[str] = set()
     with open(path, "rb") as fh:
         for line in fh:
             try:
-                spans.append(_decoder.decode(line))
+                span = _decoder.decode(line)
             except msgspec.DecodeError:
                 continue
-    return spans
+            if max_traces is not None and span.trace_id not in traces:
+                if len(traces) >= max_traces:
+                    continue
+                traces.add(span.trace_id)
+            yield span

@@ -249,7 +249,7 @@ class Batch:
 
     async def start(self) -> None:
         self._feed = ResultsFeed(self.client.js, self.run_id)
-        self._feed.on_result = lambda r, _new: self._arrived.put_nowait(r)
+        self._feed.on_result = lambda r, _new, _latest: self._arrived.put_nowait(r)
         await self._feed.start()
         for task in range(len(self.rows)):
             for rollout in range(self.group_size):
