@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.publish import publish
-from broker.schemas import encoder, parse_session_id, session_id
+from broker.schemas import Session, encoder, parse_session_id, session_id
 from broker.sessions import SessionStore
 from runtime.engine import deadletters
 from runtime.engine.failures import publish_orphan_failure
@@ -36,22 +36,26 @@ async def plan(js: JetStreamContext, missing: list[Key], run_id: str, fresh: boo
     """The attempt to submit per missing rollout; rollouts still in flight within their deadline are skipped."""
     if fresh:
         return {key: 0 for key in missing}
-    store, sem = SessionStore(js), asyncio.Semaphore(64)
+    store, todo, attempts = SessionStore(js), iter(missing), {}
 
-    async def decide(key: Key) -> tuple[Key, int | None]:
-        async with sem:
-            loaded = await store.get(session_id(run_id, *key))
+    def decide(loaded: tuple[Session, int] | None) -> int | None:
         if loaded is None:
-            return key, 0
+            return 0
         s, _ = loaded
         if s.phase == "done":  # finished, but its Result is gone: run it again
-            return key, s.attempt + 1
+            return s.attempt + 1
         if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
-            return key, s.attempt + 1
-        return key, None  # still in flight
+            return s.attempt + 1
+        return None  # still in flight
 
-    decided = await asyncio.gather(*(decide(k) for k in missing))
-    return {k: a for k, a in decided if a is not None}
+    async def reader() -> None:  # 64 of these share one iterator: as many reads in flight
+        for key in todo:
+            attempt = decide(await store.get(session_id(run_id, *key)))
+            if attempt is not None:
+                attempts[key] = attempt
+
+    await asyncio.gather(*(reader() for _ in range(min(64, len(missing)))))
+    return dict(sorted(attempts.items()))
 
 
 class Window:
