@@ -9,11 +9,6 @@ duration (``20ms``, ``1s``: fsync at most that often, so an OS crash or power lo
 writes acknowledged since the last one; a broker or worker crash loses nothing, the page cache
 survives it), or ``default`` (the server's own 2 minutes). The shipped server config
 (configs/nats-server.conf) stays ``always``; runtime/bench/README.md has both figures.
-
-The server runs with a soft memory limit for its Go runtime, ``GOMEMLIMIT`` (512 MiB unless the
-environment sets it). Without one the Go collector lets garbage grow with the work done: the
-broker of a 100,000-rollout run grew steadily to 1.47 GB though the same store, reopened, needs
-118 MB; with a limit of 256 MiB it stayed under 256 MB at the same throughput.
 """
 
 from __future__ import annotations
@@ -38,8 +33,6 @@ from broker.topology import MAX_MSG_SIZE
 _log = logging.getLogger("gymbus.broker")
 
 SYNC_ENV = "GYMBUS_BROKER_SYNC"
-MEMORY_LIMIT = "512MiB"
-"""The Go runtime's soft memory limit for the embedded broker, when ``GOMEMLIMIT`` is not set."""
 _DURATION = re.compile(r"[0-9]+(ms|s|m|h)")
 
 
@@ -182,7 +175,6 @@ class EmbeddedServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent if self.die_with_parent else None,
-                env={**os.environ, "GOMEMLIMIT": os.environ.get("GOMEMLIMIT") or MEMORY_LIMIT},
             )
         ports = self._wait_for_ports(ports_dir / f"nats-server_{self.proc.pid}.ports", timeout)
         self.url = ports["nats"][0]

@@ -16,7 +16,7 @@ from broker import inspect, topology
 from broker.connect import connect
 from broker.publish import PUBLISH_TIMEOUT_S, publish_raw
 from broker.schemas import Session
-from broker.server import MEMORY_LIMIT, SYNC_ENV, BrokerError, EmbeddedServer, render_config, sync_setting
+from broker.server import SYNC_ENV, BrokerError, EmbeddedServer, render_config, sync_setting
 from broker.sessions import SessionStore, StateConflict
 from conftest import ROOT
 from runtime.testing import Harness, wait_until
@@ -38,23 +38,6 @@ def test_embedded_server_runs_with_the_same_settings(tmp_path: Path) -> None:
     assert varz["max_payload"] == topology.MAX_MSG_SIZE
     major, minor, patch = (int(x) for x in varz["version"].split("-")[0].split("."))
     assert (major, minor, patch) >= (2, 12, 3), "Jepsen's NATS 2.12.1 findings are fixed from 2.12.3"
-
-
-def test_the_embedded_broker_runs_under_a_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its Go runtime gets GOMEMLIMIT (512 MiB, or the environment's own), so garbage cannot grow with
-    the run (runtime/bench/README.md: 1.47 GB after 100,000 rollouts without one)."""
-
-    def limit(server: EmbeddedServer) -> str:
-        assert server.proc is not None
-        env = Path(f"/proc/{server.proc.pid}/environ").read_bytes().split(b"\0")
-        return next(v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"GOMEMLIMIT="))
-
-    monkeypatch.delenv("GOMEMLIMIT", raising=False)
-    with EmbeddedServer(tmp_path / "a") as server:
-        assert limit(server) == MEMORY_LIMIT == "512MiB"
-    monkeypatch.setenv("GOMEMLIMIT", "2GiB")
-    with EmbeddedServer(tmp_path / "b") as server:
-        assert limit(server) == "2GiB"
 
 
 def test_relaxed_fsync_is_explicit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
