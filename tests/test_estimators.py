@@ -123,3 +123,13 @@ def test_describe_and_spread() -> None:
     s = spread([float(v) for v in range(1, 101)])
     assert (s.p50, s.p90, s.p99, s.max) == pytest.approx((50.5, 90.1, 99.01, 100.0))
     assert spread([2.5]).p99 == 2.5 and spread([]).count == 0
+
+
+def test_majority_at_k_of_tens_of_thousands_of_repeats() -> None:
+    """The split weights outgrow a float (C(30000, 8192) has ~7,000 digits); a 1,000,000-rollout run of
+    24 tasks (41,667 repeats each) ended its profile with OverflowError before they were divided exactly."""
+    votes = [("1", True)] * 30_000 + [("2", False)] * 11_667
+    assert majority_at_k(votes, 8192) == pytest.approx(1.0)
+    assert majority_at_k(votes, 1) == pytest.approx(30_000 / 41_667)
+    small = [("1", True)] * 3 + [("2", False)] * 2  # and the exact value is unchanged where it fit before
+    assert majority_at_k(small, 3) == pytest.approx(float(Fraction(7, 10)))

@@ -109,22 +109,24 @@ def _vote(draws: Sequence[int], right: Sequence[float]) -> float:
 
 def _exact(sizes: list[int], right: list[float], k: int) -> float:
     capacity = [*reversed([*itertools.accumulate(reversed(sizes))]), 0]  # draws groups i.. can absorb
-    total, score, leaves = 0, 0.0, 0
+    total = math.comb(sum(sizes), k)  # the splits' weights sum to it (Vandermonde)
+    score, leaves = 0.0, 0
 
     def walk(i: int, r: int, weight: int, draws: list[int]) -> None:
-        nonlocal total, score, leaves
+        nonlocal score, leaves
         if i == len(sizes):
             leaves += 1
             if leaves > EXACT_SPLITS:
                 raise _TooMany
-            total += weight
-            score += weight * _vote(draws, right)
+            # the weights are integers past a float's range at thousands of repeats; int / int is
+            # still exact to a float's precision
+            score += weight / total * _vote(draws, right)
             return
         for x in range(max(0, r - capacity[i + 1]), min(sizes[i], r) + 1):
             walk(i + 1, r - x, weight * math.comb(sizes[i], x), [*draws, x])
 
     walk(0, k, 1, [])
-    return score / total
+    return score
 
 
 def _sampled(sizes: list[int], right: list[float], k: int) -> float:
