@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runtime.profiling.profile import load
+from runtime.profiling.runfolder import load
 from runtime.testing import collect_rows, task_rows
 
 ROOT = Path(__file__).resolve().parent.parent

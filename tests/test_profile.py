@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.schemas import Timings, Usage
-from runtime.profiling import profile
+from runtime.profiling import profile, runfolder
 from runtime.profiling.profile import ProfileError, RunInfo, Sample
 
 
@@ -121,14 +121,14 @@ def test_offline_profile_reads_the_run_folder_and_writes_its_files(tmp_path: Pat
     meta = {"run_id": "run1", "tasks": 1, "repeats": 2, "expected": 2, "config": {"profile": {"pass_threshold": 0.5}}}
     run_dir = write_run(tmp_path, [json.dumps(ROW), json.dumps(second)], meta)
     rows: list[dict[str, object]] = []
-    info, samples = profile.load(run_dir, on_row=rows.append)
+    info, samples = runfolder.load(run_dir, on_row=rows.append)
     assert info.pass_threshold == 0.5 and len(rows) == len(samples) == 2
     prof, tasks = profile.build(info, samples, source="offline")
-    profile.write(run_dir, prof, tasks)
+    runfolder.write(run_dir, prof, tasks)
     written = json.loads((run_dir / "profile.json").read_text())
     assert written["failures"] == {"tool_error": 1} and written["reward"]["count"] == 1
     assert [json.loads(line)["task_index"] for line in (run_dir / "tasks.jsonl").read_text().splitlines()] == [0]
-    assert profile.load(run_dir, pass_threshold=2.0)[0].pass_threshold == 2.0
+    assert runfolder.load(run_dir, pass_threshold=2.0)[0].pass_threshold == 2.0
 
 
 @pytest.mark.parametrize(
@@ -144,12 +144,12 @@ def test_offline_profile_reads_the_run_folder_and_writes_its_files(tmp_path: Pat
 def test_offline_profile_names_the_bad_line_and_field(tmp_path: Path, line: str, message: str) -> None:
     run_dir = write_run(tmp_path, [json.dumps(ROW), line])
     with pytest.raises(ProfileError, match=re.escape(message)):
-        profile.load(run_dir)
+        runfolder.load(run_dir)
 
 
 def test_offline_profile_of_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="does not exist"):
-        profile.load(tmp_path / "nope")
+        runfolder.load(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProfileError, match=r"has no rollouts\.jsonl"):
-        profile.load(tmp_path / "empty")
+        runfolder.load(tmp_path / "empty")

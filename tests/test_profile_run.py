@@ -29,7 +29,7 @@ from broker.schemas import result_decoder
 from broker.server import EmbeddedServer
 from conftest import MATH_TASKS, ROOT
 from runtime.cli import app
-from runtime.profiling import profile, status
+from runtime.profiling import profile, runfolder, status
 from runtime.profiling.profile import Sample
 from runtime.profiling.profiler import Snapshot, read_snapshot
 
@@ -150,7 +150,7 @@ def test_live_profile_mid_run_agrees_with_the_results_it_had_seen(live_run: Live
 
     prefix = asyncio.run(fold_prefix())
     assert len(prefix) == mid.present
-    again, tasks = profile.build(profile.run_info(live_run.run_dir), prefix, source="offline")
+    again, tasks = profile.build(runfolder.run_info(live_run.run_dir), prefix, source="offline")
     assert profile.comparable(again) == profile.comparable(mid)
     assert msgspec.to_builtins(tasks) == msgspec.to_builtins(live_run.mid.tasks)
 

@@ -24,7 +24,7 @@ import jinja2
 from markupsafe import Markup
 
 from runtime.items import reasoning_text
-from runtime.profiling import charts, profile
+from runtime.profiling import charts, profile, runfolder
 from runtime.profiling.profile import HOPS, Profile, Sample, TaskProfile
 from runtime.profiling.tables import seconds
 
@@ -87,9 +87,9 @@ def _hop_row(r: Any) -> Markup:
 def write_all(run_dir: Path, pass_threshold: float | None = None) -> Profile:
     """Profile a run folder and write ``profile.json``, ``tasks.jsonl`` and ``report.html`` into it."""
     rows = RowView()
-    info, samples = profile.load(run_dir, pass_threshold, on_row=rows.add)
+    info, samples = runfolder.load(run_dir, pass_threshold, on_row=rows.add)
     prof, tasks = profile.build(info, samples, source="offline")
-    profile.write(run_dir, prof, tasks)
+    runfolder.write(run_dir, prof, tasks)
     meta_path = run_dir / "metadata.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     sections = [s for p in section_providers() if (s := p(run_dir)) is not None]

@@ -21,7 +21,7 @@ from broker import topology
 from broker.connect import connect
 from runtime.errors import UsageError
 from runtime.model.endpoints import entry_decoder
-from runtime.profiling import profile
+from runtime.profiling import profile, runfolder
 from runtime.profiling.profiler import read_snapshot
 from runtime.profiling.report import write_all
 from runtime.profiling.tables import profile_table, status_table
@@ -35,7 +35,7 @@ def offline(console: Console, run_dir: Path, pass_threshold: float | None, *, as
     """Profile a run folder, (re)write its profile files unless told not to, and print the profile."""
     if write:
         write_all(run_dir, pass_threshold)
-    info, samples = profile.load(run_dir, pass_threshold)
+    info, samples = runfolder.load(run_dir, pass_threshold)
     prof, tasks = profile.build(info, samples, source="offline")
     if as_json:
         print(msgspec.json.encode({"profile": prof, "tasks": tasks}).decode())

@@ -21,7 +21,6 @@ import platform
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -34,15 +33,21 @@ from nats.js import JetStreamContext
 from broker import topology
 from broker.connect import connect
 from broker.schemas import Manifest, Result, session_id
-from runtime.judges import Model
 from runtime.profiling.profile import Profile
 from runtime.rows import output_row
 from runtime.runs import identity as identities
 from runtime.runs import rollouts
-from runtime.runs.config import ModelConfig, RunConfig
+from runtime.runs.config import RunConfig
 from runtime.runs.feed import Done, ResultsFeed
 from runtime.runs.folder import RunFolder
-from runtime.runs.models import describe_endpoints, register_model, registered_entry, urls_of, writer
+from runtime.runs.models import (
+    describe_endpoints,
+    register_model,
+    register_named_models,
+    registered_entry,
+    urls_of,
+    writer,
+)
 from runtime.runs.plan import Key, Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
@@ -183,7 +188,7 @@ class Collector:
                     )
                 ]
                 self.plan.model = {"endpoints": urls, "simulated_policy": True}
-            for ref in _worker_refs(cfg, self.plan.functions):
+            for ref in self.plan.worker_refs():
                 for replica in range(cfg.workers.replicas):
                     self.stack.start_worker(ref, replica, concurrency=cfg.workers.concurrency)
             self.stack.start_profiler()
@@ -191,7 +196,7 @@ class Collector:
             await register_model(js, cfg.model, urls, writer("collect"))
             simulated = self.stack is not None and not cfg.model.base_url
             models = [m for e in self.plan.envs.values() for m in e.models] + self.plan.agent_models
-            await _register_named_models(js, cfg, urls, simulated, models)
+            await register_named_models(js, cfg, urls, simulated, models)
         if self.stack is not None:  # once the models are registered: a resumed run's leftovers run at once
             pairs = self.plan.functions
             await self.stack.wait_registered(js, {a for a, _ in pairs}, {e for _, e in pairs}, since=self.t_start)
@@ -360,26 +365,6 @@ class Collector:
             failures=dict(s.failures),
             mean_reward=s.mean_reward,
         )
-
-
-def _worker_refs(cfg: RunConfig, functions: list[tuple[str, str]]) -> list[str]:
-    """The functions a local run starts workers for: the run's agent and environment, and those other rows name."""
-    refs = [cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env]
-    for agent, env in functions[1:]:
-        refs += [r for r in (agent, env) if r not in refs and r not in (cfg.agent, cfg.env)]
-    return refs
-
-
-async def _register_named_models(
-    js: JetStreamContext, cfg: RunConfig, policy_urls: list[str], simulated: bool, models: Iterable[Model]
-) -> None:
-    """The other models the environments (judges) and the agent (simulators) call, as the config's
-    ``models`` says; with the simulated policy, one it does not configure is served by it too."""
-    named = {m.name: ModelConfig(name=m.name) for m in models}
-    for name, model in {**named, **cfg.models}.items():
-        urls = urls_of(model.base_url) or (policy_urls if simulated else [])
-        if urls:
-            await register_model(js, msgspec.structs.replace(model, name=name), urls, writer("collect"))
 
 
 def _traces_note(run_dir: Path, local: bool) -> str:

@@ -10,16 +10,19 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
+import msgspec
 from nats.js import JetStreamContext
 
 from broker import topology
 from runtime.errors import InputError
+from runtime.judges import Model
 from runtime.model import sampling
 from runtime.model.endpoints import ModelEntry, entry_decoder, model_key, register
-from runtime.runs.config import ModelConfig
+from runtime.runs.config import ModelConfig, RunConfig
 
 log = logging.getLogger("gymbus.models")
 
@@ -122,3 +125,15 @@ async def registered_entry(js: JetStreamContext, model: str) -> dict[str, Any]:
         "registered_by": entry.written_by or None,
         "simulated_policy": None,
     }
+
+
+async def register_named_models(
+    js: JetStreamContext, cfg: RunConfig, policy_urls: list[str], simulated: bool, models: Iterable[Model]
+) -> None:
+    """The other models the environments (judges) and the agent (simulators) call, as the config's
+    ``models`` says; with the simulated policy, one it does not configure is served by it too."""
+    named = {m.name: ModelConfig(name=m.name) for m in models}
+    for name, model in {**named, **cfg.models}.items():
+        urls = urls_of(model.base_url) or (policy_urls if simulated else [])
+        if urls:
+            await register_model(js, msgspec.structs.replace(model, name=name), urls, writer("collect"))

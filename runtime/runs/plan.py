@@ -62,6 +62,15 @@ class Plan:
                 pairs.append(pair)
         return pairs
 
+    def worker_refs(self) -> list[str]:
+        """The functions a local run starts workers for: the run's agent and environment, and those
+        other rows name."""
+        cfg = self.cfg
+        refs = [cfg.agent_ref or cfg.agent, cfg.env_ref or cfg.env]
+        for agent, env in self.functions[1:]:
+            refs += [r for r in (agent, env) if r not in refs and r not in (cfg.agent, cfg.env)]
+        return refs
+
     @cached_property
     def expected(self) -> set[Key]:
         return {(t.index, k) for t in self.tasks for k in range(self.cfg.repeats)}
