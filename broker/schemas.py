@@ -19,7 +19,6 @@ import msgspec
 from msgspec import Meta
 
 from broker import names
-from broker.params import Sampling
 from broker.training import Trajectory, Turn
 
 RunId = Annotated[str, Meta(pattern=names.PATTERN, description=f"Run id: {names.RULE}.")]
@@ -135,7 +134,25 @@ class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
     """Arguments as the model wrote them: a JSON string, not yet validated."""
 
 
-class Seed(Msg, frozen=True, kw_only=True):
+class ToEnv(Msg, frozen=True, kw_only=True):
+    """A message to an environment, which may carry the session it applies to.
+
+    The publisher just committed that session, so on a first delivery the environment worker takes it
+    from the message instead of reading the sessions bucket; its compare-and-set on ``rev`` is the
+    fence either way. A redelivery, or a message without ``state``, reads the bucket."""
+
+    state: bytes | None = None
+    """The session as committed at ``rev`` (msgpack, base64 in JSON); absent when it is over
+    `CARRY_MAX_BYTES` or the message is a re-emit."""
+    rev: int = 0
+    """The session's KV revision ``state`` was committed at."""
+
+
+CARRY_MAX_BYTES = 64 * 1024
+"""Sessions larger than this are read from the bucket rather than carried in the message."""
+
+
+class Seed(ToEnv, frozen=True, kw_only=True):
     """Let the environment set up a new session's state before the first agent turn."""
 
     session_id: SessionId
@@ -144,7 +161,7 @@ class Seed(Msg, frozen=True, kw_only=True):
     """The session's step counter this message applies to."""
 
 
-class Tools(Msg, frozen=True, kw_only=True):
+class Tools(ToEnv, frozen=True, kw_only=True):
     """Run all function calls of one agent turn, in order, and commit their outputs together."""
 
     session_id: SessionId
@@ -155,7 +172,7 @@ class Tools(Msg, frozen=True, kw_only=True):
     """The calls, in the order the model made them."""
 
 
-class Verify(Msg, frozen=True, kw_only=True):
+class Verify(ToEnv, frozen=True, kw_only=True):
     """The rollout is finished: score the final answer and publish the Result."""
 
     session_id: SessionId
@@ -336,64 +353,3 @@ def parse_session_id(sid: str) -> tuple[str, int, int]:
     """Inverse of `session_id`; raises ValueError on a malformed id."""
     run_id, task, rollout = sid.rsplit(".", 2)
     return run_id, int(task), int(rollout)
-
-
-class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
-    """What a run id is bound to, recorded when the run starts: resuming with other values is refused
-    (rows of another dataset must never land next to a run's rewards)."""
-
-    input_digest: str
-    """SHA-256 of the task file's bytes."""
-    input: str = ""
-    """The task file the run started from (for the reader; not compared)."""
-    agent: str
-    env: str
-    agent_ref: str | None = None
-    env_ref: str | None = None
-    model: str = "policy"
-    """The served model name the rollouts call."""
-    repeats: int
-    """Rollouts per task; raised on purpose with `gymbus collect --extend`, never lowered."""
-    limit: int | None = None
-    """First tasks of the file only (None: all); raised on purpose with --extend."""
-    sampling: dict[str, Any] = {}
-    options: dict[str, Any] = {}
-    """The rollouts' options (limits, retry policy, ...), as sent in every Start."""
-    env_tools: bool = True
-
-
-class RunDefaults(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What a run's rollouts get where their Start says nothing, applied by the agent worker."""
-
-    sampling: Sampling = Sampling()
-    """Sampling parameters for each Start whose ``responses_create_params`` does not set them (null: not set)."""
-    options: Options = Options()
-    """Options for each Start whose ``options`` leave them out (field by field)."""
-    env_tools: bool = True
-    """Offer the environment's tools to the model when a Start's ``responses_create_params`` has no ``tools``."""
-
-
-class Manifest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A run's manifest, in the KV bucket ``runs`` under ``<run_id>.manifest``: written by whoever
-    starts the run (`gymbus collect`, `gymbus submit`, or any producer), before its Starts. The agent
-    workers apply its ``defaults`` to the run's Starts; `gymbus status` and the profiler read its
-    totals (without it a run's total is unknown)."""
-
-    run_id: RunId
-    expected: Annotated[int, Meta(ge=0)]
-    """Rollouts the run submits in all: tasks x repeats."""
-    tasks: Annotated[int, Meta(ge=0)] | None = None
-    """Task rows in the run."""
-    repeats: Annotated[int, Meta(ge=1)] | None = None
-    """Rollouts per task: the largest k of pass@k."""
-    pass_threshold: float = 1.0
-    """A scored rollout passes (pass@k, majority@k) when its reward is at least this."""
-    created_at: float = 0.0
-    """Unix time the run started."""
-    identity: RunIdentity | None = None
-    """What the run id is bound to (written by gymbus; other producers may leave it out)."""
-    defaults: RunDefaults = msgspec.field(default_factory=RunDefaults)
-    """What the run's rollouts get where their Start says nothing."""
-
-
-manifest_decoder = msgspec.json.Decoder(Manifest)

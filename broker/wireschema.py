@@ -23,13 +23,13 @@ from typing import Any
 
 import msgspec
 
-from broker import functions, letters, params, schemas, training
+from broker import functions, letters, manifests, params, schemas, training
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 WIRE: list[type] = [schemas.Start, schemas.Resume, schemas.Seed, schemas.Tools, schemas.Verify, schemas.Result]
 """Every message on a ``gym.agent|tool|verify|result`` subject, tagged by ``kind``."""
-DOCUMENTS: list[type] = [*WIRE, letters.DeadLetter, schemas.Manifest, functions.Registration, params.CreateParams]
+DOCUMENTS: list[type] = [*WIRE, letters.DeadLetter, manifests.Manifest, functions.Registration, params.CreateParams]
 """Everything `schema all` describes: the wire messages, then the dead letters (``gym.dead.<function>``),
 the run manifest (KV ``runs``), a function's registration (KV ``functions``) and a Start's create body."""
 
@@ -42,7 +42,7 @@ KINDS: dict[str, type | None] = {
     "verify": schemas.Verify,
     "result": schemas.Result,
     "dead-letter": letters.DeadLetter,
-    "manifest": schemas.Manifest,
+    "manifest": manifests.Manifest,
     "registration": functions.Registration,
     "create-params": params.CreateParams,
 }

@@ -35,7 +35,8 @@ from nats.js.kv import KeyValue
 from broker import functions, topology
 from broker.denials import PermissionDenied
 from broker.functions import Registration
-from broker.schemas import Manifest, RunDefaults, Start, manifest_decoder
+from broker.manifests import Manifest, RunDefaults, manifest_decoder
+from broker.schemas import Start
 from runtime.errors import InvalidInput
 
 REGISTERED_S = 10.0

@@ -21,9 +21,9 @@ from runtime.telemetry import genai, spans
 async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
     match msg:
         case Seed():
-            await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(rt, env, s))
+            await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(rt, env, s), msg)
         case Tools():
-            await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(rt, env, s))
+            await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(rt, env, s), msg)
         case _:
             raise InvalidInput(f"environment {env.name!r} tools cannot handle a {type(msg).__name__} message")
 
@@ -31,7 +31,7 @@ async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> N
 async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
     if not isinstance(msg, Verify):
         raise InvalidInput(f"environment {env.name!r} verifier cannot handle a {type(msg).__name__} message")
-    await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(rt, env, s))
+    await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(rt, env, s), msg)
 
 
 async def _seed(rt: Runtime, env: Environment, s: Session) -> None:

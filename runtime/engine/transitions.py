@@ -32,7 +32,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.publish import publish
-from broker.schemas import Msg, Phase, Resume, Seed, Session, Tools, Verify
+from broker.schemas import CARRY_MAX_BYTES, Msg, Phase, Resume, Seed, Session, ToEnv, Tools, Verify, session_decoder
 from broker.sessions import SessionStore, StateConflict
 from runtime.engine.admission import Admission
 from runtime.engine.records import finish_timings, fit, max_record_bytes
@@ -70,9 +70,10 @@ class Runtime:
     done_ttl_s: float = 3600.0
     """How long a finished session stays in KV (so late duplicates find it done), then expires."""
 
-    async def emit(self, s: Session) -> None:
-        """Publish the one message the session's committed state calls for."""
-        subject, msg = next_message(s)
+    async def emit(self, s: Session, carry: tuple[bytes, int] | None = None) -> None:
+        """Publish the one message the session's committed state calls for; ``carry`` is the record
+        just committed and its revision, for a message to an environment to carry (see `ToEnv`)."""
+        subject, msg = next_message(s, carry)
         await publish(self.js, subject, msg, f"{s.session_id}:{s.step}", s.headers or None)
 
     async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
@@ -87,13 +88,13 @@ class Runtime:
         # a failed rollout's session outlives the short done TTL (bucket TTL), so `gymbus replay` can re-run it
         ttl = self.done_ttl_s if s.phase == "done" and s.result is not None and not s.result.failed else None
         try:
-            await self.store.update(s, last=rev, ttl_s=ttl, record=record)
+            new = await self.store.update(s, last=rev, ttl_s=ttl, record=record)
         except StateConflict:
             log.debug("session %s step %d: applied by another worker", s.session_id, s.step - 1)
             if reemit:
                 await self.reemit_if(s.session_id, s.step)
             return False
-        await self.emit(s)
+        await self.emit(s, (record, new) if len(record) <= CARRY_MAX_BYTES else None)
         return True
 
     async def reemit_if(self, sid: str, step: int) -> None:
@@ -107,17 +108,34 @@ Work = Callable[[Session], Awaitable[None]]
 """What a handler does inside a transition: change the loaded session, including its next ``phase``."""
 
 
-async def transition(rt: Runtime, sid: str, step: int, phase: Phase, d: Delivery, work: Work) -> None:
+async def transition(
+    rt: Runtime, sid: str, step: int, phase: Phase, d: Delivery, work: Work, msg: ToEnv | None = None
+) -> None:
     """Load the session, and if ``step`` in ``phase`` applies to it now, do ``work`` within the step's
-    deadline and commit it (step + 1) by compare-and-set, emitting the message that follows."""
-    loaded = await load_at(rt, sid, step, phase)
+    deadline and commit it (step + 1) by compare-and-set, emitting the message that follows. A first
+    delivery of ``msg`` carrying its session skips the read (see `ToEnv`)."""
+    loaded = from_msg = carried(msg, step, phase, d)
+    if loaded is None:
+        loaded = await load_at(rt, sid, step, phase)
     if loaded is None:
         return
     s, rev = loaded
     started = time.perf_counter()
     async with deadline(s):
         await work(s)
-    await rt.commit(s, rev, d, started)
+    if not await rt.commit(s, rev, d, started) and from_msg and await rt.store.get(sid) is None:
+        raise SessionLost(sid)  # the carried session's key expired or was purged: as `load_at` would say
+
+
+def carried(msg: ToEnv | None, step: int, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
+    """The session a message carries, if this is its first delivery and the session is at its step.
+
+    A redelivery reads the bucket instead: its first delivery may have committed the step already,
+    and the bucket says so before any work is redone."""
+    if msg is None or msg.state is None or d.num_delivered > 1:
+        return None
+    s = session_decoder.decode(msg.state)
+    return (s, msg.rev) if s.step == step and s.phase == phase else None
 
 
 async def load_at(rt: Runtime, sid: str, step: int, phase: Phase) -> tuple[Session, int] | None:
@@ -152,17 +170,21 @@ def advance(s: Session, d: Delivery, started: float) -> None:
     s.step += 1
 
 
-def next_message(s: Session) -> tuple[str, Msg]:
+def next_message(s: Session, carry: tuple[bytes, int] | None = None) -> tuple[str, Msg]:
+    """The message the session's state calls for. An environment's message carries ``carry`` (the
+    record and revision just committed); an agent's never does: starts share its subject, so a
+    submitter could forge one (broker/auth.py), while only workers publish to environments."""
     sid, step = s.session_id, s.step
+    state, rev = carry or (None, 0)
     match s.phase:
         case "seed":
-            return topology.tool_subject(s.env), Seed(session_id=sid, step=step)
+            return topology.tool_subject(s.env), Seed(session_id=sid, step=step, state=state, rev=rev)
         case "model":
             return topology.agent_subject(s.agent), Resume(session_id=sid, step=step)
         case "tools":
-            return topology.tool_subject(s.env), Tools(session_id=sid, step=step, calls=s.pending)
+            return topology.tool_subject(s.env), Tools(session_id=sid, step=step, calls=s.pending, state=state, rev=rev)
         case "verify":
-            return topology.verify_subject(s.env), Verify(session_id=sid, step=step)
+            return topology.verify_subject(s.env), Verify(session_id=sid, step=step, state=state, rev=rev)
         case "done":
             assert s.result is not None
             return topology.result_subject(s.run_id), s.result

@@ -31,7 +31,8 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.connect import connect
-from broker.schemas import Manifest, Result, session_id
+from broker.manifests import Manifest
+from broker.schemas import Result, session_id
 from runtime.profiling.profile import Profile
 from runtime.rows import output_row
 from runtime.runs import identity as identities

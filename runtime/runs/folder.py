@@ -21,7 +21,8 @@ from typing import IO, Any
 
 import msgspec
 
-from broker.schemas import Result, RunIdentity
+from broker.manifests import RunIdentity
+from broker.schemas import Result
 from runtime.errors import UsageError
 from runtime.rows import result_from_row
 

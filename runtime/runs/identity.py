@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from broker import topology
-from broker.schemas import Manifest, RunIdentity, manifest_decoder
+from broker.manifests import Manifest, RunIdentity, manifest_decoder
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 from runtime.runs.tasks import file_digest

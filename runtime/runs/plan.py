@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from nats.js import JetStreamContext
 
 from broker import names, topology
-from broker.schemas import RunIdentity
+from broker.manifests import RunIdentity
 from broker.topology import Role
 from runtime.errors import InputError
 from runtime.judges import Model

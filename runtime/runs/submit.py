@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from broker import topology
 from broker.connect import connect
-from broker.schemas import Manifest
+from broker.manifests import Manifest
 from runtime.errors import InputError
 from runtime.runs import identity as identities
 from runtime.runs import rollouts

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.schemas import Options, RunDefaults, Start
+from broker.manifests import RunDefaults
+from broker.schemas import Options, Start
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
 

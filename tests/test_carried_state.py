@@ -1,0 +1,124 @@
+"""A message to an environment carries the session it applies to, as just committed, so a first
+delivery skips reading the sessions bucket; the compare-and-set on the carried revision stays the
+fence, and a redelivery reads the bucket before redoing anything."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from nats.js import JetStreamContext
+
+from broker import topology
+from broker.schemas import FunctionCall, Session, Tools, session_decoder, session_encoder, verify_decoder
+from broker.sessions import SessionStore
+from conftest import MATH_TASKS
+from runtime.engine.environments import handle_tool
+from runtime.engine.records import new_session
+from runtime.engine.transitions import Delivery, Runtime, SessionLost
+from runtime.sdk import Environment, Rollout, Task, tool
+from runtime.testing import Harness, task_rows
+
+ROW = task_rows(MATH_TASKS)[0]
+
+
+class Counting(SessionStore):
+    """The real store, counting its reads."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        super().__init__(js)
+        self.reads = 0
+
+    async def get(self, sid: str, *, any_replica: bool = False) -> tuple[Session, int] | None:
+        self.reads += 1
+        return await super().get(sid, any_replica=any_replica)
+
+
+class Env:
+    """An environment whose one tool counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+        @tool
+        async def count() -> str:
+            """Counts."""
+            self.calls += 1
+            return str(self.calls)
+
+        async def verify(task: Task, rollout: Rollout) -> float:  # type: ignore[type-arg]
+            return 1.0
+
+        self.env = Environment(name="counts", tools=[count], verify=verify)
+
+
+async def _at_tools(harness: Harness, run_id: str) -> tuple[Session, int]:
+    """A session waiting on one call of ``count``, committed; and its revision."""
+    s = new_session(
+        harness.start(ROW, run_id=run_id, agent="simple_agent", env="counts"), 0, Delivery(published_at=time.time())
+    )
+    s.phase, s.step = "tools", 1
+    s.pending = [FunctionCall(call_id="c1", name="count", arguments="{}")]
+    return s, await harness.store.create(s)
+
+
+def _carrying(s: Session, rev: int) -> Tools:
+    return Tools(session_id=s.session_id, step=s.step, calls=s.pending, state=session_encoder.encode(s), rev=rev)
+
+
+async def test_a_first_delivery_takes_the_carried_session_and_a_redelivery_reads_the_bucket(harness: Harness) -> None:
+    e, store = Env(), Counting(harness.js)
+    rt = Runtime(harness.js, store)
+    s, rev = await _at_tools(harness, "carry")
+    msg = _carrying(s, rev)
+
+    await handle_tool(rt, e.env, msg, Delivery(published_at=time.time()))
+    assert (store.reads, e.calls) == (0, 1)  # applied from the message alone
+    loaded = await harness.store.get(s.session_id)
+    assert loaded is not None and loaded[0].step == 2 and loaded[0].phase == "model"
+    assert [i["output"] for i in loaded[0].items if i.get("type") == "function_call_output"] == ["1"]
+
+    await handle_tool(rt, e.env, msg, Delivery(published_at=time.time(), num_delivered=2))
+    assert store.reads >= 1 and e.calls == 1  # the bucket said the step was done: no second tool call
+    again = await harness.store.get(s.session_id)
+    assert again is not None and again[1] == loaded[1]
+
+
+async def test_a_stale_carried_session_loses_its_compare_and_set(harness: Harness) -> None:
+    """A first delivery of a message whose step another delivery already applied (a copy published
+    again after the duplicate window) redoes the work, and the compare-and-set refuses it."""
+    e = Env()
+    rt = Runtime(harness.js, harness.store)
+    s, rev = await _at_tools(harness, "stale")
+    msg = _carrying(s, rev)
+    await handle_tool(rt, e.env, msg, Delivery(published_at=time.time()))
+    done = await harness.store.get(s.session_id)
+    await handle_tool(rt, e.env, msg, Delivery(published_at=time.time()))
+    after = await harness.store.get(s.session_id)
+    assert done is not None and after is not None
+    assert e.calls == 2 and after[1] == done[1]  # the second run's outputs were not committed
+    assert [i["output"] for i in after[0].items if i.get("type") == "function_call_output"] == ["1"]
+
+
+async def test_a_carried_session_whose_key_is_gone_is_lost_not_dropped(harness: Harness) -> None:
+    e = Env()
+    rt = Runtime(harness.js, harness.store)
+    s, rev = await _at_tools(harness, "gone")
+    msg = _carrying(s, rev)
+    await harness.store.delete(s.session_id)
+    with pytest.raises(SessionLost):
+        await handle_tool(rt, e.env, msg, Delivery(published_at=time.time()))
+
+
+async def test_a_committed_step_sends_its_session_to_the_environment(harness: Harness) -> None:
+    """The Verify a commit publishes carries the record and revision the bucket now holds."""
+    rt = Runtime(harness.js, harness.store)
+    s, rev = await _at_tools(harness, "sent")
+    s.phase, s.pending = "verify", []
+    assert await rt.commit(s, rev, Delivery(published_at=time.time()), time.perf_counter())
+    stored = await harness.store.get(s.session_id)
+    raw = await harness.js.get_msg(topology.WORK_STREAM, subject=topology.verify_subject("counts"))
+    assert stored is not None and raw.data is not None
+    verify = verify_decoder.decode(raw.data)
+    assert verify.rev == stored[1] and verify.state is not None
+    assert session_decoder.decode(verify.state) == stored[0]
