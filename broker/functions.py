@@ -38,6 +38,11 @@ class Registration(msgspec.Struct, kw_only=True):
     """JSON Schema (2020-12) of the task fields (a Start's ``meta``) the environment reads; null: any object."""
     seed: bool = False
     """The environment sets up each new session (``seed``) before the first agent turn."""
+    verify_ref: str = ""
+    """Import string of an environment whose verifier agent workers may run in their own turn
+    (``Environment.verify_inline``); empty: verification is a hop to ``gym.verify.<name>``."""
+    verify_digest: str = ""
+    """SHA-256 of the source file ``verify_ref`` names: an agent worker verifies inline only with the same code."""
     written_by: str = ""
     """Who wrote this registration (command, process id, host)."""
     written_at: float = 0.0

@@ -186,10 +186,11 @@ class Tool:
             raise InvalidInput(f"arguments of tool {self.name!r} are not valid JSON: {exc}") from exc
         if not isinstance(args, dict):
             raise InvalidInput(f"arguments of tool {self.name!r} must be a JSON object, got {type(args).__name__}")
+        if self._validator.is_valid(args):  # the common case; best_match builds every error to rank them
+            return args
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
-        if error is not None:
-            raise InvalidInput(f"argument {error.json_path} of tool {self.name!r}: {error.message}")
-        return args
+        assert error is not None
+        raise InvalidInput(f"argument {error.json_path} of tool {self.name!r}: {error.message}")
 
     async def __call__(self, ctx: Context[Any], args: dict[str, Any]) -> Any:
         return await (self.fn(ctx, **args) if self.wants_context else self.fn(**args))
@@ -258,6 +259,11 @@ class Environment:
     steps: bool = False
     """Its tools are the moves of an episode: each records a step reward and says when the episode ends
     (``ctx.step_reward(r, terminated=...)``), so a Gymnasium-style step loop (step_agent) fits it."""
+    verify_inline: bool = False
+    """Its verifier is pure and quick: it reads the task and the answer only, calls no model or tool and
+    keeps no state. Then an agent worker that imports the same code (same source digest) scores the
+    final answer in its own turn, one hop fewer per rollout; otherwise, or if the verifier raises there,
+    the rollout takes the verification hop as usual."""
 
     def __post_init__(self) -> None:
         tools = [t if isinstance(t, Tool) else Tool(t) for t in self.tools]

@@ -45,7 +45,8 @@ async def test_full_rollout_with_tool_call(harness: Harness, math_rows: list[dic
     assert out["output"] == row["expected_answer"]  # the calculator really ran on the model's arguments
     assert result.verifier["extracted_answer"] == row["expected_answer"]
     t = result.timings
-    assert t.model_calls == 2 and t.tool_calls == 1 and t.hops == 4
+    # math's verifier runs in the agent's last turn (verify_inline): Start, Tools, Resume; no Verify hop
+    assert t.model_calls == 2 and t.tool_calls == 1 and t.hops == 3
     assert t.total_s > 0 and t.model_s > 0 and t.verify_s > 0
     assert result.sampling == NEUTRAL  # every parameter that decides the distribution, sent and recorded
     session = await harness.session(result.session_id)

@@ -37,6 +37,9 @@ MATH_SPANS = {
 }
 
 
+KEEP_VERIFY_HOP = {"GYMBUS_VERIFY_INLINE": "0"}
+"""The math worker verifies too (not the agent, in its last turn): more of its spans to export."""
+
 REDELIVERY_SPANS = {
     "process gym.tool.math",
     "process gym.verify.math",
@@ -108,7 +111,7 @@ async def test_a_second_sigterm_during_the_last_export_loses_no_span(
     """No span is exported before the stop (schedule delay 10 min): all go out at exit, and the
     backend refuses the first try, so the exporter is retrying when the second SIGTERM comes."""
     await harness.simulate(MATH_TASKS, accuracy=1.0)
-    workers = [spawn(f, harness.broker.url, refusing.endpoint) for f in ("simple_agent", "math")]
+    workers = [spawn(f, harness.broker.url, refusing.endpoint, **KEEP_VERIFY_HOP) for f in ("simple_agent", "math")]
     try:
         await one_rollout(harness, math_rows)
         assert refusing.spans == []

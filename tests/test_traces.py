@@ -44,8 +44,9 @@ def test_quickstart_writes_traces_and_the_slowest_waterfall_prints(tmp_path: Pat
 
     hops = {row.hop: row for row in traces.breakdown_of(run_dir)}
     assert hops["rollout"].count == 8 and hops["model call"].count == 16 and hops["tool call"].count == 8
-    for hop in ("queue: agent", "queue: tool", "queue: verify", "agent step", "tool step", "verify step", "publish"):
+    for hop in ("queue: agent", "queue: tool", "agent step", "tool step", "verify", "publish"):
         assert hops[hop].count > 0 and hops[hop].p50_s >= 0
+    assert "verify step" not in hops and hops["verify"].count == 8  # math verifies in the agent's last turn
     assert hops["rollout"].share > 0.97  # the root covers the trace, but for the last worker's ack after the Result
 
     shown = gymbus("traces", str(run_dir), "--slowest", "1").stdout
@@ -105,8 +106,8 @@ def test_spans_arrive_at_an_otlp_endpoint(tmp_path: Path) -> None:
     for service, name, _, _ in spans:
         by_service[service].add(name)
     assert "invoke_agent simple_agent" in by_service["gymbus-collect"]
-    assert {"process gym.agent.simple_agent", "chat policy", "POST"} <= by_service["gymbus-simple_agent"]
-    assert {"process gym.tool.math", "execute_tool calculator", "verify math"} <= by_service["gymbus-math"]
+    assert {"process gym.agent.simple_agent", "chat policy", "POST", "verify math"} <= by_service["gymbus-simple_agent"]
+    assert {"process gym.tool.math", "execute_tool calculator"} <= by_service["gymbus-math"]
     assert "POST /v1/responses" in by_service["gymbus-simulated-policy"]
     roots = [trace_id for _, name, trace_id, parent in spans if not parent]
     assert len(roots) == 2 and {t for _, _, t, _ in spans} == set(roots), "two rollouts, two traces"

@@ -102,22 +102,21 @@ async def test_one_trace_per_rollout_across_worker_processes(
         "send gym.agent.simple_agent",
         "process gym.agent.simple_agent",
         "process gym.tool.math",
-        "process gym.agent.simple_agent",
-        "process gym.verify.math",
+        "process gym.agent.simple_agent",  # math verifies in the agent's last turn (verify_inline)
     ]
     for hop in by_name(spans, "process "):
         a = hop.attributes
         assert hop.kind == "consumer" and hop.parent_id == root.span_id
         assert a[semconv.MESSAGING_SYSTEM] == "nats" and a[semconv.MESSAGING_OPERATION_TYPE] == "process"
         assert a[semconv.MESSAGING_DESTINATION_NAME] == hop.name.split(" ")[1]
-        assert a[semconv.MESSAGING_CONSUMER_GROUP_NAME] in ("agent-simple_agent", "tool-math", "verify-math")
+        assert a[semconv.MESSAGING_CONSUMER_GROUP_NAME] in ("agent-simple_agent", "tool-math")
         assert a[semconv.MESSAGING_MESSAGE_CONVERSATION_ID] == sid and a[semconv.OUTCOME] == "ack"
         assert a[semconv.OPENINFERENCE_SPAN_KIND] == "CHAIN" and a[semconv.SESSION_ID] == sid  # GenAI-aware UIs
         assert a[semconv.QUEUE_WAIT] >= 0
 
     first, second = by_name(spans, "process gym.agent")
     for turn, finish in ((first, "tool_calls"), (second, "stop")):
-        chat, send = children(spans, turn)
+        chat, *_, send = children(spans, turn)
         assert chat.name == "chat policy" and chat.kind == "client" and send.kind == "producer"
         a = chat.attributes
         assert a[semconv.GEN_AI_OPERATION_NAME] == "chat" and a[semconv.GEN_AI_PROVIDER_NAME] == "openai"
@@ -138,8 +137,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
     assert tool.attributes[semconv.GEN_AI_TOOL_NAME] == "calculator"
     assert tool.attributes[semconv.GEN_AI_TOOL_CALL_ID] == result.output[0]["call_id"]
 
-    [verify_hop] = by_name(spans, "process gym.verify.math")
-    verify, publish = children(spans, verify_hop)
+    _, verify, publish = children(spans, second)
     assert verify.name == "verify math" and verify.attributes[semconv.REWARD] == 1.0
     assert verify.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "EVALUATOR"
     assert tool.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "TOOL"
@@ -152,7 +150,7 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
     """A foreign publisher sends no traceparent: the first hop becomes the rollout's root."""
     monkeypatch.setattr(tracing, "CAPTURE_CONTENT", True)
     await harness.simulate(MATH_TASKS, accuracy=1.0)
-    await harness.worker("simple_agent")
+    await harness.worker("simple_agent", verify_inline=False)  # verification as a hop of its own, too
     await harness.worker("math")
     start = harness.start(with_tools(math_rows[1]), run_id="tr2")
     await publish_raw(harness.js, "gym.agent.simple_agent", encoder.encode(start), {"Nats-Msg-Id": "foreign-1"})
@@ -166,6 +164,10 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
     assert root.name == "process gym.agent.simple_agent"
     hops = [s.name for s in children(spans, root) if s.name.startswith("process")]
     assert hops == ["process gym.tool.math", "process gym.agent.simple_agent", "process gym.verify.math"]
+    [verify_hop] = by_name(spans, "process gym.verify.math")
+    verify, publish = children(spans, verify_hop)
+    assert verify.name == "verify math" and verify.attributes[semconv.REWARD] == 1.0
+    assert publish.name == "send gym.result.tr2" and publish.kind == "producer"
 
     # opted in: prompts, outputs and tool arguments/results are on the spans
     first_chat = by_name(spans, "chat policy")[0]

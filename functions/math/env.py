@@ -86,4 +86,4 @@ async def verify(task: Task[Meta], rollout: Rollout) -> Verdict:
     return Verdict(float(correct), {"extracted_answer": extracted})
 
 
-ENVIRONMENT = Environment(name="math", meta=Meta, tools=[calculator], verify=verify)
+ENVIRONMENT = Environment(name="math", meta=Meta, tools=[calculator], verify=verify, verify_inline=True)

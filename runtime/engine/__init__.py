@@ -7,6 +7,7 @@
     registry.py     a function's registration in KV functions (tools, task fields' schema, seed)
     agents.py       the agent role: Start and Resume run the agent's step
     environments.py the environment roles: Seed, Tools (the model's tool calls) and Verify
+    inline.py       verifying in the agent's last turn, for environments declaring verify_inline
     records.py      session records and Results: opened from a Start, kept within one message
     failures.py     ending a rollout as one failed Result, whatever the message in hand
     retry.py        which failure kinds are redelivered

@@ -7,6 +7,7 @@ from typing import Any
 
 from broker.schemas import Msg, Resume, Session, Start
 from runtime.engine.clients import env_client
+from runtime.engine.environments import verify_in_turn
 from runtime.engine.records import new_session
 from runtime.engine.transitions import Delivery, Runtime, advance, deadline, transition
 from runtime.errors import InvalidInput, Retry
@@ -92,6 +93,8 @@ async def _turn(rt: Runtime, agent: Agent, s: Session) -> None:
     if models.usage:
         record_usage(s.agent_info.setdefault("models", {}), models.usage)
     next_phase(s, action)
+    if s.phase == "verify" and rt.verifiers is not None and (env := await rt.verifiers.get(s.env)) is not None:
+        await verify_in_turn(rt, env, s)  # one hop fewer: done (or back to the agent) in this transition
 
 
 def next_phase(s: Session, action: Action) -> None:

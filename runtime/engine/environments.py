@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from typing import Any
@@ -16,6 +17,8 @@ from runtime.judges import bound
 from runtime.sdk import Context, Environment, Rollout, Verdict
 from runtime.taskrows import step_rewards
 from runtime.telemetry import genai, spans
+
+log = logging.getLogger("gymbus.runtime")
 
 
 async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
@@ -93,6 +96,17 @@ async def _call(env: Environment, ctx: Context[Any], call: FunctionCall) -> str:
     except Exception as exc:
         raise ToolError(f"tool {call.name!r} raised {type(exc).__name__}: {exc}") from exc
     return value if isinstance(value, str) else json.dumps(value)
+
+
+async def verify_in_turn(rt: Runtime, env: Environment, s: Session) -> None:
+    """Score the rollout inside the agent's transition (runtime/engine/inline.py). If the verifier
+    raises, the session stays in phase ``verify`` and the environment's worker verifies it as usual."""
+    try:
+        await _verify(rt, env, s)
+    except Exception as exc:
+        log.info(
+            "session %s: verifying in the agent's turn failed (%s); the environment verifies it", s.session_id, exc
+        )
 
 
 async def _verify(rt: Runtime, env: Environment, s: Session) -> None:

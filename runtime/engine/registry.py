@@ -9,10 +9,13 @@ one whose workers are away.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -49,7 +52,28 @@ def registration_of(fn: Function, written_by: str = "") -> Registration:
         seed=fn.seed is not None,
         written_by=written_by,
         written_at=time.time(),
+        **inline_verifier(fn),
     )
+
+
+def inline_verifier(env: Environment) -> dict[str, str]:
+    """``verify_ref`` and ``verify_digest`` of an environment that declares ``verify_inline``: the module
+    attribute holding it (its verifier's module first) and that module's source digest; empty when no
+    importable module holds it."""
+    if not env.verify_inline:
+        return {}
+    first = sys.modules.get(env.verify.__module__)
+    for module in [first, *list(sys.modules.values())]:
+        names = [a for a, v in vars(module).items() if v is env] if module is not None else []
+        path = getattr(module, "__file__", None)
+        if names and path and module is not None:
+            return {"verify_ref": f"{module.__name__}:{names[0]}", "verify_digest": source_digest(path)}
+    log.info("environment %r declares verify_inline but no module holds it: verification stays a hop", env.name)
+    return {}
+
+
+def source_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 async def register(js: JetStreamContext, fn: Function, command: str = "worker") -> Registration:

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -38,6 +38,9 @@ from runtime.engine.admission import Admission
 from runtime.engine.records import finish_timings, fit, max_record_bytes
 from runtime.errors import DeadlineExceeded, GymError, Retry, Timeout
 from runtime.sdk import Respond
+
+if TYPE_CHECKING:
+    from runtime.engine.inline import Verifiers
 
 log = logging.getLogger("gymbus.runtime")
 
@@ -67,6 +70,8 @@ class Runtime:
     respond: Respond | None = None
     admission: Admission | None = None
     """Decides Starts (agent workers) and reads runs' defaults (environment workers); see admission.py."""
+    verifiers: Verifiers | None = None
+    """Environments an agent worker verifies in its own turn (runtime/engine/inline.py)."""
     done_ttl_s: float = 3600.0
     """How long a finished session stays in KV (so late duplicates find it done), then expires."""
 

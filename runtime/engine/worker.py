@@ -45,6 +45,7 @@ from runtime.engine.clients import close_client
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.environments import handle_tool, handle_verify
 from runtime.engine.failures import fail, fail_by_ids
+from runtime.engine.inline import INLINE_ENV, Verifiers
 from runtime.engine.janitor import Janitor
 from runtime.engine.metrics import HttpServer, WorkerMetrics
 from runtime.engine.pull import Puller, Slots
@@ -88,6 +89,9 @@ class Worker:
     """Also run a janitor (dead letters of lost messages, rollout deadlines); see runtime/engine/janitor.py."""
     http_port: int | None = None
     """Serve /metrics and /healthz on 0.0.0.0:PORT (0: any free port, written back here); None: off."""
+    verify_inline: bool = field(default_factory=lambda: os.environ.get(INLINE_ENV, "1") != "0")
+    """An agent worker verifies in the agent's last turn for environments declaring ``verify_inline``
+    (runtime/engine/inline.py); ``GYMBUS_VERIFY_INLINE=0`` keeps every verification a hop."""
     stats: Counter[str] = field(default_factory=Counter)
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -144,11 +148,13 @@ class Worker:
             await topology.ensure(js, self.limits)
             if isinstance(self.function, Agent):
                 client = ModelClient(Endpoints(js, self.model_url))
+            admission = Admission(js, agent=self.name)
             rt = Runtime(
                 js,
                 SessionStore(js),
                 respond=genai.TracedModel(client) if client else None,
-                admission=Admission(js, agent=self.name),
+                admission=admission,
+                verifiers=Verifiers(admission) if isinstance(self.function, Agent) and self.verify_inline else None,
             )
             loops = []
             for role in self.roles or roles_of(self.function):
