@@ -249,7 +249,11 @@ def incomplete(spans: list[dict], rows: list[dict]) -> list[str]:
         chats = sum(1 for s in trace if s["name"].startswith("chat "))
         tools = sum(1 for s in trace if s["name"].startswith("execute_tool "))
         verifies = sum(1 for s in trace if s["name"].startswith("verify "))
-        expected = {"process agent": 2, "process tool": 1, "process verify": 1}
+        # verification is a hop of its own, or part of the agent's last turn when the agent's image can
+        # import math's code (verify_inline): either way one verify span
+        expected = {"process agent": 2, "process tool": 1}
+        if "process verify" in names:
+            expected["process verify"] = 1
         if len(roots) != 1 or orphans:
             problems.append(f"{sid}: {len(roots)} roots, spans whose parent is missing: {orphans}")
         elif hops != timings["hops"] or dict(names) != expected:
@@ -271,6 +275,6 @@ def check_traces(stack: Stack, rows: list[dict]) -> None:
     assert not problems, f"{len(problems)} of 96 rollouts incomplete in Phoenix, e.g. {problems[:5]}"
     kinds = Counter(s["span_kind"] for s in spans)
     assert kinds["LLM"] >= 192 and kinds["TOOL"] >= 96, kinds  # what a GenAI-aware backend reads
-    assert kinds["EVALUATOR"] >= 96 and kinds["CHAIN"] >= 4 * 96, kinds
+    assert kinds["EVALUATOR"] >= 96 and kinds["CHAIN"] >= 3 * 96, kinds
     stack.timings["phoenix spans"] = float(len(spans))
 

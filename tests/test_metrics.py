@@ -65,7 +65,7 @@ async def test_healthz_and_metrics_during_a_run(tmp_path: Path, math_rows: list[
         async with h:
             assert '"ok"' in await until_status(f"{base}/healthz", 200)
             await h.simulate(MATH_TASKS, accuracy=1.0)
-            await h.worker("simple_agent")
+            await h.worker("simple_agent", verify_inline=False)  # so the math process verifies too
             from functions.math.env import ENVIRONMENT
 
             tools = ENVIRONMENT.tool_specs()
