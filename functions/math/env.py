@@ -14,8 +14,6 @@ from decimal import Decimal, InvalidOperation
 
 import msgspec
 import simpleeval
-from math_verify import parse
-from math_verify import verify as equivalent
 
 from runtime.sdk import Environment, Rollout, Task, Verdict
 
@@ -38,7 +36,11 @@ async def calculator(expression: str) -> str:
 
 def _check(gold: str, reply: str) -> tuple[bool, str | None]:
     # math-verify's own timeouts use SIGALRM, which only works on the main thread; this runs in a
-    # worker thread with them off, and the runtime's step deadline bounds it instead.
+    # worker thread with them off, and the runtime's step deadline bounds it instead. Imported here:
+    # it brings sympy (~40 MB), which a worker whose replies all take the fast path never needs.
+    from math_verify import parse
+    from math_verify import verify as equivalent
+
     target = parse(reply, parsing_timeout=None)
     if not target:
         return False, None
