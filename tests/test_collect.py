@@ -132,7 +132,12 @@ def test_interrupted_collect_resumes_without_duplicates(tmp_path: Path) -> None:
     )
     cmd = [sys.executable, "-m", "runtime", "collect", str(config), "--run-id", "int1"]
     env = {**os.environ, "CI": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    # Ctrl-C reaches a foreground command; a test runner started in the background of a
+    # non-interactive shell passes SIGINT on ignored, so the command gets it back as a terminal gives it
+    foreground = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env, preexec_fn=foreground
+    )
     run_dir = tmp_path / "runs" / "int1"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(rows_so_far(run_dir)) < 3:
