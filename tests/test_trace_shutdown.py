@@ -129,7 +129,9 @@ async def test_a_second_sigterm_during_the_last_export_loses_no_span(
     assert set(names) == MATH_SPANS and names.count("execute_tool calculator") == names.count("verify math") == 1, names
     assert set(Counter(names) - Counter(MATH_SPANS)) <= REDELIVERY_SPANS, names
     agent_names = [s.name for s in refusing.spans if s.service == "gymbus-simple_agent"]
-    assert agent_names.count("process gym.agent.simple_agent") == 2 and agent_names.count("chat policy") == 2
+    # both turns' spans are there; a Start handled a second time adds its own process span and model call
+    turns, chats = agent_names.count("process gym.agent.simple_agent"), agent_names.count("chat policy")
+    assert turns >= 2 and chats >= 2 and chats <= turns, agent_names
 
 
 async def test_a_backend_that_never_answers_does_not_hold_the_exit(
