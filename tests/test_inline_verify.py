@@ -4,7 +4,11 @@ raising there, leaves the rollout to the environment's verify worker, as before.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import msgspec
+import pytest
 from nats.js import JetStreamContext
 
 from broker import functions, topology
@@ -75,3 +79,16 @@ async def test_a_verifier_raising_in_the_agents_turn_is_verified_by_its_environm
     [result] = await harness.results("flaky", 1)
     assert (result.reward, result.failure_kind, result.timings.hops, Raises.calls) == (1.0, None, 2, 2)
     assert await verifications_by_hop(harness.js, "flaky") == 1
+
+
+def test_a_mistyped_switch_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYMBUS_VERIFY_INLINE", "false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "simple_agent", "--nats", "nats://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "GYMBUS_VERIFY_INLINE='false'" in line and "set it to 1" in line and "or 0" in line

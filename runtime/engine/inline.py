@@ -15,18 +15,31 @@ image older or newer than the environment's), or sees the verifier raise, leaves
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 
 from broker.functions import Registration
 from runtime.engine.admission import Admission
 from runtime.engine.registry import source_digest
+from runtime.errors import ConfigError
 from runtime.sdk import Environment, load
 
 log = logging.getLogger("gymbus.runtime")
 
 INLINE_ENV = "GYMBUS_VERIFY_INLINE"
 """Set to 0 for agent workers that leave every verification to the environments' workers."""
+
+
+def inline_from_env() -> bool:
+    """``GYMBUS_VERIFY_INLINE``: 1 (the default) or 0; anything else is a mistake, named in one line."""
+    value = os.environ.get(INLINE_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(
+            f"{INLINE_ENV}={value!r}: set it to 1 (verify in the agent's last turn, the default) or 0 "
+            "(every verification a hop to the environment's workers)"
+        )
+    return value == "1"
 
 
 @dataclass

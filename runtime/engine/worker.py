@@ -45,7 +45,7 @@ from runtime.engine.clients import close_client
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.environments import handle_tool, handle_verify
 from runtime.engine.failures import fail, fail_by_ids
-from runtime.engine.inline import INLINE_ENV, Verifiers
+from runtime.engine.inline import Verifiers, inline_from_env
 from runtime.engine.janitor import Janitor
 from runtime.engine.metrics import HttpServer, WorkerMetrics
 from runtime.engine.pull import Puller, Slots
@@ -89,7 +89,7 @@ class Worker:
     """Also run a janitor (dead letters of lost messages, rollout deadlines); see runtime/engine/janitor.py."""
     http_port: int | None = None
     """Serve /metrics and /healthz on 0.0.0.0:PORT (0: any free port, written back here); None: off."""
-    verify_inline: bool = field(default_factory=lambda: os.environ.get(INLINE_ENV, "1") != "0")
+    verify_inline: bool = field(default_factory=inline_from_env)
     """An agent worker verifies in the agent's last turn for environments declaring ``verify_inline``
     (runtime/engine/inline.py); ``GYMBUS_VERIFY_INLINE=0`` keeps every verification a hop."""
     stats: Counter[str] = field(default_factory=Counter)
