@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from fractions import Fraction
 
@@ -133,3 +134,29 @@ def test_majority_at_k_of_tens_of_thousands_of_repeats() -> None:
     assert majority_at_k(votes, 1) == pytest.approx(30_000 / 41_667)
     small = [("1", True)] * 3 + [("2", False)] * 2  # and the exact value is unchanged where it fit before
     assert majority_at_k(small, 3) == pytest.approx(float(Fraction(7, 10)))
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=4), st.integers(0, 12))
+def test_splits_are_counted_as_the_walk_would_enumerate_them(sizes: list[int], k: int) -> None:
+    brute = sum(1 for xs in itertools.product(*(range(m + 1) for m in sizes)) if sum(xs) == k)
+    assert estimators._splits(sizes, k) == min(brute, estimators.EXACT_SPLITS + 1)
+
+
+def test_majority_at_k_in_log_space_is_the_exact_fraction() -> None:
+    """Past 1,000 samples the split weights are summed in log space; with few splits the value is still
+    the exact one: 3 draws from 1,100 right and 100 wrong answers are right when 2 or 3 are."""
+    votes = [("1", True)] * 1_100 + [("2", False)] * 100
+    right = Fraction(math.comb(1_100, 3) + math.comb(1_100, 2) * 100, math.comb(1_200, 3))
+    assert majority_at_k(votes, 3) == pytest.approx(float(right), rel=1e-9)
+
+
+def test_majority_at_k_over_thousands_of_scattered_answers_is_sampled_close_to_the_vote() -> None:
+    """A task with 4,800 repeats over three answers and abstentions (a 1,000,000-rollout run's shape): every
+    k past the exact range is sampled, reproducibly, and the large k converge on the clear majority."""
+    votes = [("1", True)] * 3_600 + [("2", False)] * 700 + [("3", False)] * 300 + [(None, False)] * 200
+    values = {k: majority_at_k(votes, k) for k in estimators.ks(len(votes))}
+    assert values[1] == pytest.approx(0.75)
+    assert values[2] == pytest.approx(0.75**2 + 0.75 * 0.25 + 0.75 * (200 / 4_800), abs=0.01)
+    assert all(values[k] == pytest.approx(1.0, abs=0.01) for k in (64, 1024, 4096, 4800))
+    estimators._majority.cache_clear()
+    assert majority_at_k(votes, 1024) == values[1024]  # the same inputs draw the same sample
