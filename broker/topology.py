@@ -115,6 +115,10 @@ class Limits:
     """Duplicate window of the work stream (Nats-Msg-Id), longer than a full redelivery cycle."""
     results_dedupe_s: float = 3600.0
     """Duplicate window of the results stream."""
+    done_ttl_s: float = 600.0
+    """How long a finished session stays in the sessions bucket (so a late duplicate of one of its
+    messages finds it done), then expires: as long as the work stream's duplicate window. A failed
+    rollout's session stays for session_ttl_s, so `gymbus replay` can run it again."""
     session_ttl_s: float = 7 * 24 * 3600.0
     """Backstop expiry of session keys (each step rewrites the key, so only abandoned ones expire)."""
     stream_replicas: int = 1

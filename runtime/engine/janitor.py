@@ -92,7 +92,7 @@ class Janitor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""
-        rt = Runtime(self.js, SessionStore(self.js))
+        rt = Runtime(self.js, SessionStore(self.js), done_ttl_s=self.limits.done_ttl_s)
         try:
             await advisories.ensure_consumer(self.js)
         except PermissionDenied as denied:  # a least-privileged worker: `gymbus janitor` has the identity

@@ -72,7 +72,7 @@ class Runtime:
     """Decides Starts (agent workers) and reads runs' defaults (environment workers); see admission.py."""
     verifiers: Verifiers | None = None
     """Environments an agent worker verifies in its own turn (runtime/engine/inline.py)."""
-    done_ttl_s: float = 3600.0
+    done_ttl_s: float = topology.DEFAULT_LIMITS.done_ttl_s
     """How long a finished session stays in KV (so late duplicates find it done), then expires."""
 
     async def emit(self, s: Session, carry: tuple[bytes, int] | None = None) -> None:

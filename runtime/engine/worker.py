@@ -155,6 +155,7 @@ class Worker:
                 respond=genai.TracedModel(client) if client else None,
                 admission=admission,
                 verifiers=Verifiers(admission) if isinstance(self.function, Agent) and self.verify_inline else None,
+                done_ttl_s=self.limits.done_ttl_s,
             )
             loops = []
             for role in self.roles or roles_of(self.function):
