@@ -113,6 +113,24 @@ async def test_a_killed_and_restarted_profiler_counts_every_rollout_once(harness
     assert [t.task_index for t in snap.tasks] == list(range(6))
 
 
+async def test_a_run_delivered_in_order_is_folded_from_the_messages_without_reading_the_stream(
+    harness: Harness,
+) -> None:
+    """Each Result delivered right after the last one folded is folded as delivered: a run of a million
+    rollouts made a million direct gets of what the consumer had just handed over."""
+    await put_manifest(harness)
+    await send(harness, [result(t, k) for t in range(6) for k in range(4)], "a")
+    p = Profiler(harness.broker.url, interval_s=0.05)
+    task = asyncio.create_task(p.run())
+    try:
+        snap = await snapshot_at(harness, await last_seq(harness))
+    finally:
+        p.stop()
+        await asyncio.wait_for(task, 30)
+    assert snap.profile.present == 24 and profile.comparable(snap.profile) == await reference(harness)
+    assert p.stats["folded"] == 24 and p.stats["read"] == 0
+
+
 async def test_replicas_fill_each_others_gaps_and_never_store_an_older_snapshot(harness: Harness) -> None:
     await put_manifest(harness)
 

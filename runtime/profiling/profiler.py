@@ -4,7 +4,8 @@ One durable consumer (``profiler``) reads all of ``gym.result.>``. Counting exac
 at-least-once delivery rests on one rule: **a run's state is always a fold of its result subject
 from the start of the stream, in stream order, up to some sequence** (``next_seq - 1``). The
 consumer only says which run moved and how far; the profiler then reads the run's subject from
-where its state ends up to the delivered message (direct gets) and folds each message once. So:
+where its state ends up to the delivered message (direct gets) and folds each message once; a
+delivered message whose sequence is the very next one is folded as delivered, with no read. So:
 
 - a redelivered message is at or below ``next_seq - 1``: nothing is folded twice;
 - after a restart (state lost) or on a run first seen mid-stream, the fold starts at sequence 1 and
@@ -32,6 +33,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -146,8 +148,12 @@ class Profiler:
         while True:
             stopping = self._stopping.is_set()
             msgs = await puller.take(self.batch, 0.2 if stopping else 1.0)
-            for m in msgs:
-                await self._apply(js, m)
+            try:
+                for m in msgs:
+                    await self._apply(js, m)
+            except NatsTimeoutError:  # a busy broker: what was not folded is redelivered and folded then
+                log.warning("reading the results stream timed out; the Results not folded yet are redelivered")
+                self.stats["read_timeouts"] += 1
             pending += msgs
             idle = not msgs
             done = stopping and (idle or time.monotonic() - self._stopped_at > self.drain_s)
@@ -169,12 +175,17 @@ class Profiler:
         if seq < st.next_seq:
             self.stats["redelivered"] += 1
             return
+        if seq == st.next_seq:  # nothing of the run's lies between: fold the copy delivered, read nothing
+            self._fold(st, m.data)
+            st.next_seq = seq + 1
+            return
         await self._advance(js, st, seq)
 
     async def _advance(self, js: JetStreamContext, st: RunState, upto: int) -> None:
         """Fold the run's subject from ``next_seq`` through ``upto``."""
         async for raw in inspect.messages(js, topology.RESULTS_STREAM, st.subject, start_seq=st.next_seq):
             assert raw.seq is not None
+            self.stats["read"] += 1
             if raw.seq > upto:
                 break
             self._fold(st, raw.data or b"")
