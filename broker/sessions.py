@@ -13,7 +13,7 @@ import secrets
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, Header
+from nats.js.api import ConsumerConfig, DeliverPolicy, Header
 from nats.js.errors import APIError, NotFoundError
 
 from broker import topology
@@ -26,7 +26,7 @@ _WRITE = "Gymbus-Write"
 PHASE = "Gymbus-Phase"
 DEADLINE = "Gymbus-Deadline"
 """Headers with the session's phase and the unix time its rollout deadline passes, so a scan for
-overdue rollouts reads headers only (see runtime/engine/janitor.py)."""
+overdue rollouts reads headers only (see `Deadlines`)."""
 
 
 class StateConflict(Exception):
@@ -98,34 +98,70 @@ class SessionStore:
             return None
         return msg.seq if (msg.headers or {}).get(_WRITE) == token else None
 
+    async def delete(self, sid: str) -> None:
+        await publish_raw(self._js, self._prefix + sid, b"", {_KV_OP: "DEL"})
+
+
+class Deadlines:
+    """The live sessions of the bucket and their deadlines, for the janitor's reaper.
+
+    Each look reads only what was written to the bucket since the last one (headers only), from the
+    stream sequence it had reached. The bucket keeps one value per key, so a key written since then
+    has its latest value past that sequence, and a key not written since is as it was (or expired,
+    which `SessionStore.get` then says). Reading the whole bucket each time would read every session
+    finished within ``done_ttl_s``: at a few hundred rollouts/s that is over 100,000 sessions every
+    few seconds, and it kept every block of the bucket in the broker's memory."""
+
+    def __init__(self, js: JetStreamContext, bucket: str = topology.SESSIONS) -> None:
+        self._js = js
+        self._stream = f"KV_{bucket}"
+        self._prefix = f"$KV.{bucket}."
+        self.read_to = 0
+        """The stream sequence read up to."""
+        self.live: dict[str, float] = {}
+        """Live session id -> unix time its rollout deadline passes."""
+        self.reads = 0
+        """Messages read so far."""
+
+    def forget(self, sid: str) -> None:
+        self.live.pop(sid, None)
+
     async def overdue(self, now: float) -> list[str]:
-        """Keys of live sessions whose deadline passed before ``now`` (reads headers only)."""
+        """Keys of live sessions whose deadline passed before ``now``."""
+        await self._catch_up()
+        return [sid for sid, deadline in self.live.items() if deadline < now]
+
+    async def _catch_up(self) -> None:
         info = await self._js.stream_info(self._stream)
-        if not info.state.messages:
-            return []
-        found: list[str] = []
+        last = info.state.last_seq
+        if last <= self.read_to:
+            return
+        try:  # is anything left past read_to? (what was written since may all be gone: superseded, expired)
+            await self._js.get_msg(self._stream, seq=self.read_to + 1, subject=self._prefix + ">", next=True)
+        except NotFoundError:
+            self.read_to = last
+            return
         caught_up = asyncio.Event()
 
         async def on_msg(msg: Msg) -> None:
-            h = msg.headers or {}
-            live = h.get(PHASE) != "done" and not h.get(_KV_OP) and not h.get("Nats-Marker-Reason")
-            if live and float(h.get(DEADLINE) or 0) < now:
-                found.append(msg.subject[len(self._prefix) :])
-            if msg.metadata.num_pending == 0:
+            seq = msg.metadata.sequence.stream
+            self.reads += 1
+            self.read_to = max(self.read_to, seq)
+            sid, h = msg.subject[len(self._prefix) :], msg.headers or {}
+            if h.get(PHASE) != "done" and not h.get(_KV_OP) and not h.get("Nats-Marker-Reason"):
+                self.live[sid] = float(h.get(DEADLINE) or 0)
+            else:
+                self.live.pop(sid, None)
+            if msg.metadata.num_pending == 0 or seq >= last:
                 caught_up.set()
 
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.read_to + 1, headers_only=True
+        )
         sub = await self._js.subscribe(
-            self._prefix + ">",
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            headers_only=True,
-            cb=on_msg,
+            self._prefix + ">", stream=self._stream, config=config, ordered_consumer=True, cb=on_msg
         )
         try:
             await asyncio.wait_for(caught_up.wait(), timeout=60)
         finally:
             await sub.unsubscribe()
-        return found
-
-    async def delete(self, sid: str) -> None:
-        await publish_raw(self._js, self._prefix + sid, b"", {_KV_OP: "DEL"})

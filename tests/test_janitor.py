@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from broker import functions, inspect, topology
+from broker.sessions import Deadlines
+from conftest import MATH_TASKS
 from runtime.engine.janitor import Janitor
-from runtime.testing import Harness
+from runtime.engine.records import new_session
+from runtime.engine.transitions import Delivery
+from runtime.testing import Harness, start_message, task_rows
 from tests import fault_suite as fs
+
+ROW = task_rows(MATH_TASKS)[0]
 
 
 async def test_rollout_stuck_on_an_unserved_environment_times_out(harness: Harness) -> None:
@@ -46,6 +53,31 @@ async def test_scans_run_in_one_janitor_at_a_time(harness: Harness) -> None:
     b = Janitor(harness.js, holder="b")
     assert await a._lease() and not await b._lease()
     assert await a._lease(), "the holder renews its lease"
+
+
+async def test_the_reaper_reads_only_what_was_written_since_its_last_look(harness: Harness) -> None:
+    """The sessions bucket holds every rollout finished within done_ttl_s (over 100,000 in a large run);
+    each look of the reaper reads the writes since its last, and still finds every live session past
+    its deadline, and none that ended or expired."""
+    deadlines = Deadlines(harness.js)
+    stores = []
+    for k, timeout in enumerate([0.01, 0.01, 3600.0, 0.01]):
+        start = start_message(ROW, agent="a", env="e", run_id="dl", rollout_index=k, rollout_timeout_s=timeout)
+        s = new_session(start, 0, Delivery(published_at=time.time()))
+        stores.append((s, await harness.store.create(s)))
+    done, rev = stores[3]
+    done.phase = "done"
+    await harness.store.update(done, last=rev, ttl_s=600)
+    sids = [s.session_id for s, _ in stores]
+
+    assert sorted(await deadlines.overdue(time.time() + 1)) == sids[:2]  # live and overdue; not 2 (later), not 3 (done)
+    assert deadlines.reads == 4  # 4 keys, one value each (the bucket keeps no history)
+    assert await deadlines.overdue(time.time() + 1) == sids[:2] and deadlines.reads == 4  # nothing written since
+    s0, rev0 = stores[0]
+    s0.phase = "done"
+    await harness.store.update(s0, last=rev0, ttl_s=600)
+    await harness.store.delete(sids[1])
+    assert await deadlines.overdue(time.time() + 1) == [] and deadlines.reads == 6  # the two new writes only
 
 
 class _running:

@@ -40,7 +40,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from broker import advisories, functions, topology
 from broker.denials import PermissionDenied
 from broker.schemas import FailureKind, Msg, wire_decoder
-from broker.sessions import SessionStore
+from broker.sessions import Deadlines, SessionStore
 from broker.topology import Limits
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.failures import fail, fail_by_ids
@@ -69,6 +69,8 @@ class Janitor:
     unknown_after_s: float = 5.0
     """How long a message may wait on a subject of a function that never registered (an unknown name)."""
     stats: Counter[str] = field(default_factory=Counter)
+    deadlines: Deadlines | None = None
+    """The live sessions' deadlines, kept by the reaper across sweeps (each reads only the new writes)."""
 
     @classmethod
     def from_env(cls, js: JetStreamContext, limits: Limits, holder: str) -> Janitor:
@@ -187,12 +189,15 @@ class Janitor:
         """Fail every live session past its rollout deadline with ``timeout``; returns how many."""
         now = time.time() if now is None else now
         reaped = 0
-        for sid in await rt.store.overdue(now - self.grace_s):
+        if self.deadlines is None:
+            self.deadlines = Deadlines(self.js)
+        for sid in await self.deadlines.overdue(now - self.grace_s):
             loaded = await rt.store.get(sid)
-            if loaded is None:
+            if loaded is None or loaded[0].phase == "done":  # expired, or ended since the look
+                self.deadlines.forget(sid)
                 continue
             s, rev = loaded
-            if s.phase == "done" or now < s.timings.submitted_at + s.options.rollout_timeout_s + self.grace_s:
+            if now < s.timings.submitted_at + s.options.rollout_timeout_s + self.grace_s:
                 continue
             waiting_on, _ = next_message(s)
             reason = (
