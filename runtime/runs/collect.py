@@ -40,6 +40,7 @@ from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
 from runtime.runs.feed import Done, ResultsFeed
 from runtime.runs.folder import RunFolder, versions
+from runtime.runs.keys import Grid, Key, KeySet
 from runtime.runs.models import (
     describe_endpoints,
     register_model,
@@ -48,7 +49,7 @@ from runtime.runs.models import (
     urls_of,
     writer,
 )
-from runtime.runs.plan import Key, Plan, check_served, prepare
+from runtime.runs.plan import Plan, check_served, prepare
 from runtime.runs.progress import RunProgress
 from runtime.runs.stack import LocalStack
 from runtime.runs.tasks import run_defaults
@@ -124,7 +125,7 @@ class Collector:
         self.window = rollouts.Window(self.cfg.workers.window())
         self.wanted: dict[Key, int] = {}
         """The attempt each rollout submitted again (or replayed) must reach to be done."""
-        self.pending: set[Key] = set()
+        self.pending = KeySet(Grid((), 0))
         """The run's rollouts not done yet (filled once submitting starts)."""
         self.roots = RolloutSpans()
         self.submitting = False
@@ -224,12 +225,13 @@ class Collector:
         if not feed.done and self.summary.wrote_folder:  # a new broker (store deleted, another cluster)
             for r in self.folder.results(plan.run_id):
                 feed.add(r)
-        done = {(d.task_index, d.rollout_index) for d in feed.done.values()}
-        attempts = await rollouts.plan(js, sorted(plan.expected - done), plan.run_id, fresh, time.time())
+        grid = plan.expected
+        done = KeySet(grid, (k for d in feed.done.values() if (k := (d.task_index, d.rollout_index)) in grid))
+        attempts = await rollouts.plan(js, grid, (k for k in grid if k not in done), plan.run_id, fresh, time.time())
         wanted = await rollouts.replay(js, plan.run_id, self.replay) if self.replay is not None else {}
         # a rollout submitted again is done with a Result of that attempt (an older one's may still
         # arrive, re-emitted from its session's record, and would be superseded)
-        self.wanted = {**attempts, **wanted}
+        self.wanted = {**attempts.again, **wanted}  # an attempt not there is 0
         self.submitting = True
         if self.summary.wrote_folder:
             self._write_metadata(nats_url)
@@ -238,7 +240,7 @@ class Collector:
             if (d.task_index, d.rollout_index) in plan.expected:
                 progress.add(d, resumed=True)
         self.progress = progress
-        self.pending = {k for k in plan.expected if not self._done(k)}
+        self.pending = KeySet(grid, (k for k in grid if not self._done(k)))
         with progress:
             tasks = {t.index: t for t in plan.tasks}
             publishing = asyncio.create_task(

@@ -20,16 +20,13 @@ from runtime.judges import Model
 from runtime.runs import identity as identities
 from runtime.runs.config import RunConfig
 from runtime.runs.fit import check_fit
+from runtime.runs.keys import Grid
 from runtime.runs.models import check_endpoints, urls_of
 from runtime.runs.routing import route_tasks
 from runtime.runs.tasks import TaskRow, read_tasks
 from runtime.sdk import Agent, Environment, load
 
 log = logging.getLogger("gymbus.collect")
-
-Key = tuple[int, int]
-"""(task_index, rollout_index)"""
-
 
 def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
@@ -72,8 +69,8 @@ class Plan:
         return refs
 
     @cached_property
-    def expected(self) -> set[Key]:
-        return {(t.index, k) for t in self.tasks for k in range(self.cfg.repeats)}
+    def expected(self) -> Grid:
+        return Grid((t.index for t in self.tasks), self.cfg.repeats)
 
     @cached_property
     def rows(self) -> dict[int, dict[str, Any] | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
@@ -23,20 +24,24 @@ from runtime.engine import deadletters
 from runtime.engine.failures import publish_orphan_failure
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
+from runtime.runs.keys import Attempts, Grid, Key
 from runtime.runs.tasks import TaskRow, build_start
 from runtime.telemetry.spans import RolloutSpans
 
 log = logging.getLogger("gymbus.collect")
 
-Key = tuple[int, int]
-"""(task_index, rollout_index)"""
 
-
-async def plan(js: JetStreamContext, missing: list[Key], run_id: str, fresh: bool, now: float) -> dict[Key, int]:
-    """The attempt to submit per missing rollout; rollouts still in flight within their deadline are skipped."""
+async def plan(
+    js: JetStreamContext, grid: Grid, missing: Iterable[Key], run_id: str, fresh: bool, now: float
+) -> Attempts:
+    """The attempt to submit per missing rollout (in grid order); rollouts still in flight within their
+    deadline are skipped."""
+    attempts = Attempts(grid)
     if fresh:
-        return {key: 0 for key in missing}
-    store, todo, attempts = SessionStore(js), iter(missing), {}
+        for key in missing:
+            attempts.set(key, 0)
+        return attempts
+    store, todo = SessionStore(js), iter(missing)
 
     def decide(loaded: tuple[Session, int] | None) -> int | None:
         if loaded is None:
@@ -52,9 +57,9 @@ async def plan(js: JetStreamContext, missing: list[Key], run_id: str, fresh: boo
         for key in todo:
             attempt = decide(await store.get(session_id(run_id, *key)))
             if attempt is not None:
-                attempts[key] = attempt
+                attempts.set(key, attempt)
 
-    await asyncio.gather(*(reader() for _ in range(min(64, len(missing)))))
+    await asyncio.gather(*(reader() for _ in range(64)))
     return attempts  # publish_starts submits them in task order
 
 
@@ -89,7 +94,7 @@ async def publish_starts(
     cfg: RunConfig,
     run_id: str,
     tasks: dict[int, TaskRow],
-    attempts: dict[Key, int],
+    attempts: Attempts,
     roots: RolloutSpans | None = None,
     window: Window | None = None,
 ) -> int:
@@ -115,7 +120,7 @@ async def publish_starts(
             )
             await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
 
-    todo = iter(sorted(attempts.items()))
+    todo = attempts.items()
 
     async def publisher() -> None:  # 256 of these share one iterator: as many publishes in flight
         for (task_index, rollout), attempt in todo:

@@ -20,6 +20,7 @@ from runtime.runs import identity as identities
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
 from runtime.runs.feed import stored_results
+from runtime.runs.keys import KeySet
 from runtime.runs.models import register_model, urls_of, writer
 from runtime.runs.plan import check_served, prepare
 from runtime.runs.tasks import run_defaults
@@ -63,8 +64,10 @@ async def submit(
             defaults=run_defaults(cfg),
         )
         fresh = await identities.open_manifest(js, manifest, extend=extend, folder=None)
-        finished = expected & {(r.task_index, r.rollout_index) for r in await stored_results(js, plan.run_id)}
-        attempts = await rollouts.plan(js, sorted(expected - finished), plan.run_id, fresh, time.time())
+        results = await stored_results(js, plan.run_id)
+        finished = KeySet(expected, (k for r in results if (k := (r.task_index, r.rollout_index)) in expected))
+        missing = (k for k in expected if k not in finished)
+        attempts = await rollouts.plan(js, expected, missing, plan.run_id, fresh, time.time())
         submitted = await rollouts.publish_starts(
             js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts
         )
