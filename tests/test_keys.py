@@ -1,11 +1,13 @@
-"""A run's rollout keys as a grid: membership, order and size, without a tuple per rollout."""
+"""What a gatherer keeps per rollout of a large run: its key in a grid, and its latest Result's outcome."""
 
 from __future__ import annotations
 
 import tracemalloc
+from typing import Any
 
 import pytest
 
+from runtime.runs.feed import Done, DoneTable
 from runtime.runs.keys import Attempts, Grid, KeySet
 
 
@@ -57,3 +59,49 @@ def test_rollouts_take_about_a_byte_each() -> None:
         tracemalloc.stop()
     assert len(pending) == len(attempts) == 240_000
     assert peak < 2.5 * 240_000
+
+
+def done(task: int, rollout: int, attempt: int = 0, reward: float | None = 1.0, **kw: Any) -> Done:
+    kind, reason = (None, None) if reward is not None else ("timeout", "too slow")
+    sid = kw.get("sid") or f"run.{task}.{rollout}"
+    return Done(sid, task, rollout, attempt, reward, kw.get("kind", kind), kw.get("reason", reason))
+
+
+def test_done_table_reads_back_what_it_keeps() -> None:
+    table = DoneTable("run")
+    for d in [done(1, 0), done(0, 2, reward=None), done(1, 0, attempt=1, reward=0.5), done(0, 0, reward=0.0)]:
+        table.put(d)
+    table.put(done(0, 2, attempt=1))  # retried into a reward: its failure is gone
+    assert len(table) == 3 and list(table) == ["run.0.0", "run.0.2", "run.1.0"]
+    assert table["run.1.0"] == done(1, 0, attempt=1, reward=0.5)
+    assert table["run.0.2"] == done(0, 2, attempt=1) and table.attempt(0, 2) == 1
+    assert table.attempt(0, 1) is None and table.get("run.0.1") is None and "other.0.0" not in table
+    assert sorted(table.rewards()) == [0.0, 0.5, 1.0] and table.failures() == {}
+    table.put(done(0, 1, reward=None))
+    assert table.failures() == {"timeout": 1} and table["run.0.1"].failure_reason == "too slow"
+    assert [d.session_id for d in table.only(lambda d: d.task_index == 0).values()] == ["run.0.0", "run.0.1", "run.0.2"]
+
+
+def test_done_table_keeps_odd_ids_and_stray_indices_aside() -> None:
+    """A session id that is not ``run.task.rollout``, or a rollout index far past those seen, is kept
+    as it is instead of growing a task's arrays to it."""
+    table = DoneTable("run")
+    odd, far = done(0, 0, sid="custom-id"), done(0, 10**9)
+    table.put(odd)
+    table.put(far)
+    assert len(table) == 2 and table["custom-id"] == odd and table["run.0.1000000000"] == far
+    assert table.attempt_of("custom-id", 0, 0) == 0 and table.attempt(0, 0) is None
+    assert table.attempt(0, 10**9) == 0 and sum(len(a) for a in table._attempt.values()) == 0
+
+
+def test_done_table_takes_about_fourteen_bytes_a_rollout() -> None:
+    tracemalloc.start()
+    try:
+        table = DoneTable("run")
+        for k in range(100_000):
+            table.put(done(k % 4, k // 4, reward=None if k % 10 == 0 else 1.0))
+        size, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(table) == 100_000 and table.failures() == {"timeout": 10_000}
+    assert size < 100_000 * 14 + 10_000 * 150  # the failed rollouts' reasons kept besides

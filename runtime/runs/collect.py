@@ -32,13 +32,13 @@ from nats.js import JetStreamContext
 from broker import topology
 from broker.connect import connect
 from broker.manifests import Manifest
-from broker.schemas import Result, session_id
+from broker.schemas import Result
 from runtime.profiling.profile import Profile
 from runtime.rows import output_row
 from runtime.runs import identity as identities
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
-from runtime.runs.feed import Done, ResultsFeed
+from runtime.runs.feed import DoneTable, ResultsFeed
 from runtime.runs.folder import RunFolder, versions
 from runtime.runs.keys import Grid, Key, KeySet
 from runtime.runs.models import (
@@ -66,7 +66,7 @@ class Summary:
     run_dir: Path
     expected: int
     submitted: int
-    results: dict[str, Done] = field(default_factory=dict)
+    results: DoneTable = field(default_factory=lambda: DoneTable(""))
     """Each rollout's latest Result, as much of it as the summary needs (the rows are in the folder)."""
     wall_s: float = 0.0
     profile: Profile | None = None
@@ -76,12 +76,14 @@ class Summary:
 
     @property
     def failures(self) -> Counter[str]:
-        return Counter(r.failure_kind for r in self.results.values() if r.failure_kind)
+        return self.results.failures()
 
     @property
     def mean_reward(self) -> float | None:
-        rewards = [r.reward for r in self.results.values() if r.reward is not None]
-        return sum(rewards) / len(rewards) if rewards else None
+        n, total = 0, 0.0
+        for reward in self.results.rewards():
+            n, total = n + 1, total + reward
+        return total / n if n else None
 
     @property
     def all_failed(self) -> bool:
@@ -257,8 +259,8 @@ class Collector:
 
     def _done(self, key: Key) -> bool:
         assert self.feed is not None
-        d = self.feed.done.get(session_id(self.plan.run_id, *key))
-        return d is not None and d.attempt >= self.wanted.get(key, 0)
+        attempt = self.feed.done.attempt(*key)
+        return attempt is not None and attempt >= self.wanted.get(key, 0)
 
     def _on_result(self, r: Result, new: bool, latest: bool) -> None:
         self.roots.finish(r)
@@ -300,9 +302,7 @@ class Collector:
         summary.wall_s = time.time() - self.t_start
         if feed is not None:
             await self._last_results(feed, nc)
-            summary.results = {
-                k: v for k, v in feed.done.items() if (v.task_index, v.rollout_index) in self.plan.expected
-            }
+            summary.results = feed.done.only(lambda d: (d.task_index, d.rollout_index) in self.plan.expected)
         if self.rows_out is not None:
             self.rows_out.close()
         if nc is not None:
