@@ -181,8 +181,8 @@ class Verify(ToEnv, frozen=True, kw_only=True):
     """The session's step counter this message applies to."""
 
 
-class Usage(msgspec.Struct, kw_only=True):
-    """Token counts summed over the rollout's model calls."""
+class Usage(msgspec.Struct, kw_only=True, gc=False):
+    """Token counts summed over the rollout's model calls (numbers only: not tracked by the garbage collector)."""
 
     input_tokens: int = 0
     """Prompt tokens, summed over calls."""
@@ -190,8 +190,9 @@ class Usage(msgspec.Struct, kw_only=True):
     """Generated tokens, summed over calls."""
 
 
-class Timings(msgspec.Struct, kw_only=True):
-    """Where a rollout's time went, in seconds, summed over its hops."""
+class Timings(msgspec.Struct, kw_only=True, gc=False):
+    """Where a rollout's time went, in seconds, summed over its hops (numbers only: not tracked by the
+    garbage collector)."""
 
     submitted_at: float = 0.0
     """Unix time the Start was stored by the broker."""

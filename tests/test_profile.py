@@ -153,3 +153,29 @@ def test_offline_profile_of_a_missing_folder(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProfileError, match=r"has no rollouts\.jsonl"):
         runfolder.load(tmp_path / "empty")
+
+
+def test_samples_share_their_recurring_strings_and_hold_no_garbage_collector_slot() -> None:
+    """A live profile holds one Sample per rollout (a million in a large run): the environment, a task's
+    answers and the failure kinds are one string each across them, and no Sample is tracked by the GC."""
+    import gc
+
+    from broker.schemas import result_decoder
+
+    def decoded(rollout: int, answer: str, kind: str | None = None) -> Sample:
+        raw = {
+            "session_id": f"r.0.{rollout}",
+            "run_id": "r",
+            "task_index": 0,
+            "rollout_index": rollout,
+            "env": "ma" + "th",
+            "reward": None if kind else 1.0,
+            "failure_kind": kind,
+            "verifier": {"extracted_answer": answer},
+        }
+        return Sample.of(result_decoder.decode(json.dumps(raw)))
+
+    a, b, c, d = decoded(0, "138"), decoded(1, "138"), decoded(2, "x", "timeout"), decoded(3, "x", "timeout")
+    assert a.env is b.env and a.answer is b.answer and c.failure_kind is d.failure_kind
+    assert a.components is b.components and a.components == {}
+    assert not any(gc.is_tracked(x) for x in (a, a.timings, a.usage))

@@ -12,6 +12,7 @@ over the tasks that have at least k of them (`AtK.tasks` says how many).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -32,8 +33,13 @@ class ProfileError(UsageError, ValueError):
     """A run folder cannot be profiled; the message names the file, line and field."""
 
 
-class Sample(msgspec.Struct, frozen=True, kw_only=True):
-    """What profiling keeps of one Result: small enough to hold a large run in memory."""
+NO_COMPONENTS: dict[str, float] = {}
+"""The components of every Sample whose verifier reports none (one shared dict; never written to)."""
+
+
+class Sample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What profiling keeps of one Result: small enough to hold a large run in memory (untracked by the
+    garbage collector: it holds no cycles, and a million of them made every full collection scan them)."""
 
     session_id: str
     task_index: int
@@ -56,17 +62,20 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, r: Result) -> Sample:
+        # the same few strings recur over a run's rollouts (its environment, a task's answers, failure
+        # kinds): each Sample shares one copy, and one empty components dict, instead of its own
+        answer = _answer(r.verifier)
         return cls(
-            env=r.env,
-            group=str(r.verifier.get("group") or ""),
-            components=components_of(r.verifier),
+            env=sys.intern(r.env),
+            group=sys.intern(str(r.verifier.get("group") or "")),
+            components=components_of(r.verifier) or NO_COMPONENTS,
             session_id=r.session_id,
             task_index=r.task_index,
             rollout_index=r.rollout_index,
             attempt=r.attempt,
             reward=r.reward,
-            failure_kind=r.failure_kind,
-            answer=_answer(r.verifier),
+            failure_kind=r.failure_kind and sys.intern(r.failure_kind),
+            answer=answer and sys.intern(answer),
             reports_answer="extracted_answer" in r.verifier,
             timings=r.timings,
             usage=r.usage,
