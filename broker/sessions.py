@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from datetime import datetime
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -122,6 +123,8 @@ class Deadlines:
         """Live session id -> unix time its rollout deadline passes."""
         self.reads = 0
         """Messages read so far."""
+        self._created: datetime | None = None
+        """When the bucket's stream was created: another time is another bucket, read from its start."""
 
     def forget(self, sid: str) -> None:
         self.live.pop(sid, None)
@@ -134,6 +137,9 @@ class Deadlines:
     async def _catch_up(self) -> None:
         info = await self._js.stream_info(self._stream)
         last = info.state.last_seq
+        if info.created != self._created or last < self.read_to:  # another bucket (a new broker's): start over
+            self._created, self.read_to = info.created, 0
+            self.live.clear()
         if last <= self.read_to:
             return
         try:  # is anything left past read_to? (what was written since may all be gone: superseded, expired)

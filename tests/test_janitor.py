@@ -79,6 +79,14 @@ async def test_the_reaper_reads_only_what_was_written_since_its_last_look(harnes
     await harness.store.delete(sids[1])
     assert await deadlines.overdue(time.time() + 1) == [] and deadlines.reads == 6  # the two new writes only
 
+    # another bucket under the same name (a broker started on a new store): read from its start
+    await harness.js.delete_stream(f"KV_{topology.SESSIONS}")
+    await topology.ensure(harness.js, harness.limits)
+    s, _ = stores[0]
+    s.phase = "model"
+    await harness.store.create(s)
+    assert await deadlines.overdue(time.time() + 1) == [s.session_id] and deadlines.reads == 7
+
 
 class _running:
     """Run a janitor for the duration of a block."""
