@@ -16,6 +16,8 @@ class Exchange:
     request: bytes
     status: int
     response: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    """The request's headers, as the client sent them."""
 
 
 @dataclass
@@ -57,11 +59,11 @@ class RecordingProxy:
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         if request.path in self.hide:
-            self.exchanges.append(Exchange(request.path, body, 404, b'{"detail":"Not Found"}'))
+            self.exchanges.append(Exchange(request.path, body, 404, b'{"detail":"Not Found"}', dict(request.headers)))
             return web.json_response({"detail": "Not Found"}, status=404)
         assert self._http is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
         async with self._http.request(request.method, self.upstream + request.path_qs, data=body, headers=headers) as r:
             raw = await r.read()
-            self.exchanges.append(Exchange(request.path, body, r.status, raw))
+            self.exchanges.append(Exchange(request.path, body, r.status, raw, dict(request.headers)))
             return web.Response(body=raw, status=r.status, content_type=r.content_type)

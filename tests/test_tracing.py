@@ -16,18 +16,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from broker.publish import publish_raw
 from broker.schemas import encoder, session_id
 from conftest import MATH_TASKS, ROOT
-from runtime.telemetry import semconv, spanfile, tracing
+from runtime.engine.records import new_session
+from runtime.engine.transitions import Delivery
+from runtime.model.client import Endpoints, ModelClient
+from runtime.telemetry import genai, semconv, spanfile, tracing
 from runtime.telemetry.spanfile import SpanRecord
 from runtime.telemetry.spans import RolloutSpans
 from runtime.testing import Harness
+from tests.recording_proxy import RecordingProxy
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +183,32 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
     assert said[0]["parts"][0]["type"] == "tool_call" and said[0]["parts"][0]["name"] == "calculator"
     [tool] = by_name(spans, "execute_tool")
     assert tool.attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == str(math_rows[1]["expected_answer"])
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_is_sampled(
+    harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, sampled: bool
+) -> None:
+    """Not sampled: the call makes no HTTP span (its instrumentation is skipped) and still sends the
+    trace context, marked not sampled, so a model server that traces follows the decision instead of
+    starting a trace of its own for every call. Sampled: the context sent is the HTTP span's."""
+    proxy = RecordingProxy((await harness.simulate(MATH_TASKS, accuracy=1.0)).removesuffix("/v1"))
+    client = ModelClient(Endpoints(static=await proxy.start()))
+    session = new_session(harness.start(math_rows[0], agent="simple_agent", env="math"), 0, Delivery(published_at=1.0))
+    trace_id, flags = 0x0AF7651916CD43DD8448EB211C80319C, TraceFlags(TraceFlags.SAMPLED if sampled else 0)
+    parent = NonRecordingSpan(SpanContext(trace_id, 0xB7AD6B7169203331, is_remote=True, trace_flags=flags))
+    try:
+        with trace.use_span(parent):
+            out = await genai.TracedModel(client)(session.items, session.params, session)
+    finally:
+        await client.close()
+        await proxy.stop()
+    assert out.items and [x.path for x in proxy.exchanges] == ["/v1/responses", "/v1/responses"]  # the probe, the call
+    sent = [x.headers["traceparent"].split("-") for x in proxy.exchanges]
+    assert all(t[1] == f"{trace_id:032x}" and t[3] == ("01" if sampled else "00") for t in sent)
+    ours = [spanfile.record(s) for s in memory.get_finished_spans() if s.context.trace_id == trace_id]
+    if not sampled:
+        assert ours == []
+        return
+    [chat] = by_name(ours, "chat policy")
+    assert [t[2] for t in sent] == [s.span_id for s in children(ours, chat)]  # each call's own HTTP span

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import stamina
+from opentelemetry import propagate
 
 from broker.schemas import Session, Trajectory, Turn, Usage
 from runtime.errors import ContextLength, ModelError
@@ -95,7 +96,7 @@ class ModelClient:
         if self._session is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers, trace_configs=[_PROPAGATE]
             )
         return self._session
 
@@ -262,6 +263,18 @@ class ModelClient:
             if resp.status in (404, 405) and route == "/responses":
                 raise _Unsupported(url)
             return _refused(url, route, resp.status, resp.content_type, raw)
+
+
+async def _send_trace_context(_: aiohttp.ClientSession, __: Any, params: aiohttp.TraceRequestStartParams) -> None:
+    """Every request carries the caller's trace context (``traceparent``), also when the HTTP
+    instrumentation is off or skipped (a rollout not sampled: see `genai.TracedModel`); when it runs,
+    its own span's context is the one sent, whichever hook runs first."""
+    if "traceparent" not in params.headers:
+        propagate.inject(params.headers)
+
+
+_PROPAGATE = aiohttp.TraceConfig()
+_PROPAGATE.on_request_start.append(_send_trace_context)
 
 
 def _refused(url: str, route: str, status: int, content_type: str, raw: bytes) -> dict[str, Any]:
