@@ -37,3 +37,21 @@ async def test_an_agent_that_adds_a_user_turn_is_still_answered(harness: Harness
     assert [r.reward for r in results] == [1.0] * len(rows), [r.verifier for r in results]
     assert all(r.timings.model_calls == 2 for r in results)
     assert harness.sim is not None and harness.sim.calls == 2 * len(rows)
+
+
+def test_the_answer_book_keeps_the_references_of_recent_rollouts_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference is kept per (task, rollout) while the rollout's turns ask for it; a run of a million
+    rollouts kept a million of them in the simulated policy. An evicted one is made again, the same."""
+    from functions.counter.env import ENVIRONMENT
+    from runtime.model import policy
+
+    monkeypatch.setattr(policy, "REFS_KEPT", 4)
+    rows = ROOT / "functions/counter/data/example.jsonl"
+    book = policy.AnswerBook.from_files([rows], env="counter", known=ENVIRONMENT)
+    row = book.rows[0]
+    first = book.reference(row, "run.0.0")
+    for k in range(1, 10):
+        assert book.reference(row, f"run.0.{k}") is not None
+    assert len(book._refs) == 4 and (0, 0) not in book._refs
+    again = book.reference(row, "run.0.0")
+    assert again is not first and again == first

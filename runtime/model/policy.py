@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,10 @@ def assistant_turns(items: Any) -> int:
     return turns
 
 
+REFS_KEPT = 65_536
+"""References an AnswerBook keeps (far more than rollouts in flight)."""
+
+
 @dataclass
 class AnswerBook:
     """The rows the simulated policy serves, and their environments' references."""
@@ -109,7 +114,9 @@ class AnswerBook:
     plays: dict[str, str] = field(default_factory=dict)
     """Named models it plays by role (user_simulator, tool_simulator, summarizer); others are judges."""
     _by_first: dict[str, int] = field(default_factory=dict)
-    _refs: dict[tuple[int, int], Reference | None] = field(default_factory=dict)
+    _refs: OrderedDict[tuple[int, int], Reference | None] = field(default_factory=OrderedDict)
+    """The references of the rollouts played lately, by (task, rollout): a rollout asks on each of its
+    turns. The REFS_KEPT most recent only; one evicted is made again, the same."""
 
     @classmethod
     def from_files(
@@ -147,9 +154,13 @@ class AnswerBook:
     def reference(self, row: Row, session: str) -> Reference | None:
         rollout = _rollout_index(session)
         key = (row.index, rollout)
-        if key not in self._refs:
-            self._refs[key] = _reference(row, rollout, self.known)
-        return self._refs[key]
+        if key in self._refs:
+            self._refs.move_to_end(key)
+            return self._refs[key]
+        ref = self._refs[key] = _reference(row, rollout, self.known)
+        if len(self._refs) > REFS_KEPT:  # a run of a million rollouts kept a million of them
+            self._refs.popitem(last=False)
+        return ref
 
     def correct(self, row: Row, session: str, accuracy: float) -> bool:
         digest = hashlib.sha256(f"{self.seed}|{row.index}|{_rollout_index(session)}".encode()).digest()
