@@ -227,9 +227,8 @@ class Collector:
         if not feed.done and self.summary.wrote_folder:  # a new broker (store deleted, another cluster)
             for r in self.folder.results(plan.run_id):
                 feed.add(r)
-        grid = plan.expected
-        done = KeySet(grid, (k for d in feed.done.values() if (k := (d.task_index, d.rollout_index)) in grid))
-        attempts = await rollouts.plan(js, grid, (k for k in grid if k not in done), plan.run_id, fresh, time.time())
+        missing = (k for k in plan.expected if feed.done.attempt(*k) is None)  # no Result yet
+        attempts = await rollouts.plan(js, plan.expected, missing, plan.run_id, fresh, time.time())
         wanted = await rollouts.replay(js, plan.run_id, self.replay) if self.replay is not None else {}
         # a rollout submitted again is done with a Result of that attempt (an older one's may still
         # arrive, re-emitted from its session's record, and would be superseded)
@@ -242,7 +241,7 @@ class Collector:
             if (d.task_index, d.rollout_index) in plan.expected:
                 progress.add(d, resumed=True)
         self.progress = progress
-        self.pending = KeySet(grid, (k for k in grid if not self._done(k)))
+        self.pending = KeySet(plan.expected, (k for k in plan.expected if not self._done(k)))
         with progress:
             tasks = {t.index: t for t in plan.tasks}
             publishing = asyncio.create_task(
