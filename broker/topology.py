@@ -101,6 +101,10 @@ def durable(role: Role, name: str) -> str:
     return f"{role}-{name}"
 
 
+class InvalidLimit(ValueError):
+    """A ``GYMBUS_<LIMIT>`` variable that is not a value the field can take (the message names it)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Delivery and retention knobs; the defaults suit a model call that may take minutes."""
@@ -135,7 +139,12 @@ class Limits:
                 try:
                     values[f.name] = type(getattr(cls, f.name))(raw)
                 except ValueError:
-                    raise ValueError(f"GYMBUS_{f.name.upper()}={raw!r} is not a valid {f.name}") from None
+                    raise InvalidLimit(f"GYMBUS_{f.name.upper()}={raw!r} is not a valid {f.name}") from None
+        if values.get("done_ttl_s", 1) < 1:
+            raise InvalidLimit(
+                f"GYMBUS_DONE_TTL_S={values['done_ttl_s']:g}: a finished session must stay at least 1 s "
+                f"(the default, {cls.done_ttl_s:g}, is the work stream's duplicate window)"
+            )
         return cls(**values)
 
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
+
+import pytest
 
 from broker import functions, inspect, topology
 from broker.sessions import Deadlines
-from conftest import MATH_TASKS
+from conftest import MATH_TASKS, ROOT
 from runtime.engine.janitor import Janitor
 from runtime.engine.records import new_session
 from runtime.engine.transitions import Delivery
@@ -100,3 +105,26 @@ class _running:
     async def __aexit__(self, *exc: object) -> None:
         self.stop.set()
         await self.task
+
+
+@pytest.mark.parametrize(
+    "variable,value,says",
+    [
+        ("GYMBUS_DONE_TTL_S", "0", "GYMBUS_DONE_TTL_S=0: a finished session must stay at least 1 s"),
+        ("GYMBUS_DONE_TTL_S", "ten", "GYMBUS_DONE_TTL_S='ten' is not a valid done_ttl_s"),
+        ("GYMBUS_ACK_WAIT_S", "30s", "GYMBUS_ACK_WAIT_S='30s' is not a valid ack_wait_s"),
+    ],
+)
+def test_a_limit_mistyped_in_the_environment_is_named_in_one_line(variable: str, value: str, says: str) -> None:
+    """Was a traceback-less "a gymbus bug?" line for a malformed value, and 0 went through to the broker."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "math", "--nats", "nats://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, variable: value},
+    )
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert says in line and "bug" not in line

@@ -28,6 +28,7 @@ from broker.connect import BrokerUnavailable
 from broker.denials import PermissionDenied
 from broker.names import InvalidName
 from broker.server import BrokerError
+from broker.topology import InvalidLimit
 from runtime.cli import auth, authoring, inspect, run, serve, tasks, train
 from runtime.cli.common import err
 from runtime.errors import UsageError
@@ -63,7 +64,7 @@ COMMANDS: list[tuple[Callable[..., None], str]] = [
     (inspect.schema, "schema"),
     (authoring.check, "check"),
 ]
-USER_MISTAKES = (UsageError, InvalidName, BrokerUnavailable, BrokerError, PermissionDenied)
+USER_MISTAKES = (UsageError, InvalidName, InvalidLimit, BrokerUnavailable, BrokerError, PermissionDenied)
 """What the user can fix (a denial: an identity used for a job it is not allowed): one line, exit 2."""
 
 
