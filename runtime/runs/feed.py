@@ -66,6 +66,8 @@ class DoneTable(Mapping[str, Done]):
         a = self._attempt.get(task_index)
         if a is not None and 0 <= rollout_index < len(a) and a[rollout_index] >= 0:
             return a[rollout_index]
+        if not self._other:  # the usual case: no formatting of a session id per look
+            return None
         d = self._other.get(session_id(self.run_id, task_index, rollout_index))
         return None if d is None else d.attempt
 
@@ -141,21 +143,24 @@ class DoneTable(Mapping[str, Done]):
             raise KeyError(sid)
         return self._at(t, k)
 
-    def __iter__(self) -> Iterator[str]:
+    def _present(self) -> Iterator[tuple[int, int]]:
+        """(task, rollout) of every Done kept in the arrays, in that order."""
         for t, a in sorted(self._attempt.items()):
             for k, attempt in enumerate(a):
                 if attempt >= 0:
-                    yield session_id(self.run_id, t, k)
+                    yield t, k
+
+    def __iter__(self) -> Iterator[str]:
+        for t, k in self._present():
+            yield session_id(self.run_id, t, k)
         yield from self._other
 
     def __len__(self) -> int:
         return self._count
 
     def values(self) -> Iterator[Done]:  # type: ignore[override]  # an iterator, not a view: built as read
-        for t, a in sorted(self._attempt.items()):
-            for k, attempt in enumerate(a):
-                if attempt >= 0:
-                    yield self._at(t, k)
+        for t, k in self._present():
+            yield self._at(t, k)
         yield from self._other.values()
 
     def only(self, keep: Callable[[Done], bool]) -> DoneTable:
