@@ -174,9 +174,10 @@ def lines(
 
 def cdf(name: str, values: Mapping[str, Sequence[float]], *, x_title: str, fmt: Callable[[float], str]) -> str:
     """Empirical CDFs, one per series, on a log10 x axis (durations from milliseconds to minutes)."""
-    positive = [v for vs in values.values() for v in vs if v > 0]
-    lo = 10 ** math.floor(math.log10(max(min(positive, default=1e-3), 1e-4)))
-    hi = 10 ** math.ceil(math.log10(max(max(positive, default=1.0), lo * 10)))
+    least = min((v for vs in values.values() for v in vs if v > 0), default=1e-3)
+    most = max((v for vs in values.values() for v in vs if v > 0), default=1.0)
+    lo = 10 ** math.floor(math.log10(max(least, 1e-4)))
+    hi = 10 ** math.ceil(math.log10(max(most, lo * 10)))
 
     def x(v: float) -> float:
         v = min(max(v, lo), hi)

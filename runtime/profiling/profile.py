@@ -2,8 +2,9 @@
 
 One computation, two sources. The live profiler (runtime/profiling/profiler.py) folds Results from the results
 stream into Samples; the offline path (``gymbus profile runs/<run_id>/``, runtime/profiling/runfolder.py) reads
-them back from ``rollouts.jsonl``. Both keep one Sample per rollout (its latest attempt) and call `build`, so the
-same Results give the same profile.
+them back from ``rollouts.jsonl``. Both keep one Sample per rollout (its latest attempt) in a `SampleTable` and
+call `build`, so the same Results give the same profile. `build` reads the table a task at a time: besides the
+table it holds a few numbers per rollout (its reward and hop times), never the run's Samples at once.
 
 Failures are counted by kind and kept out of every reward statistic: a failed rollout has no reward,
 it is not a wrong answer. pass@k and majority@k are per task over its scored rollouts, then averaged
@@ -12,18 +13,21 @@ over the tasks that have at least k of them (`AtK.tasks` says how many).
 
 from __future__ import annotations
 
-import sys
+import math
 import time
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import msgspec
 
-from broker.schemas import Result, Timings, Usage
 from runtime.errors import UsageError
-from runtime.profiling.components import component_stats, components_of
 from runtime.profiling.estimators import Spread, Stats, describe, ks, majority_at_k, pass_at_k, spread
+from runtime.profiling.sample import NO_COMPONENTS, Sample, keep
+from runtime.profiling.table import SampleTable, Where
+
+__all__ = ["NO_COMPONENTS", "Sample", "SampleTable", "keep"]  # re-exported: their home was this module
 
 HOPS = ("queue", "model", "tool", "verify", "overhead", "total")
 """Latency rows: time waiting in queues, in model calls, in tools, in the verifier, in gymbus itself, end to end."""
@@ -31,73 +35,6 @@ HOPS = ("queue", "model", "tool", "verify", "overhead", "total")
 
 class ProfileError(UsageError, ValueError):
     """A run folder cannot be profiled; the message names the file, line and field."""
-
-
-NO_COMPONENTS: dict[str, float] = {}
-"""The components of every Sample whose verifier reports none (one shared dict; never written to)."""
-
-
-class Sample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What profiling keeps of one Result: small enough to hold a large run in memory (untracked by the
-    garbage collector: it holds no cycles, and a million of them made every full collection scan them)."""
-
-    session_id: str
-    task_index: int
-    rollout_index: int
-    attempt: int = 0
-    reward: float | None = None
-    failure_kind: str | None = None
-    answer: str | None = None
-    """The verifier's ``extracted_answer``, as text."""
-    reports_answer: bool = False
-    """Whether the verifier reports ``extracted_answer`` at all (majority@k needs it)."""
-    timings: Timings = msgspec.field(default_factory=Timings)
-    usage: Usage = msgspec.field(default_factory=Usage)
-    env: str = ""
-    """The environment that scored it (a run may mix them)."""
-    components: dict[str, float] = {}
-    """The reward's components, when the verifier reports them (``components`` in its info)."""
-    group: str = ""
-    """What the verifier groups the task under (``group`` in its info: reasoning_gym's generator)."""
-
-    @classmethod
-    def of(cls, r: Result) -> Sample:
-        # the same few strings recur over a run's rollouts (its environment, a task's answers, failure
-        # kinds): each Sample shares one copy, and one empty components dict, instead of its own
-        answer = _answer(r.verifier)
-        return cls(
-            env=sys.intern(r.env),
-            group=sys.intern(str(r.verifier.get("group") or "")),
-            components=components_of(r.verifier) or NO_COMPONENTS,
-            session_id=r.session_id,
-            task_index=r.task_index,
-            rollout_index=r.rollout_index,
-            attempt=r.attempt,
-            reward=r.reward,
-            failure_kind=r.failure_kind and sys.intern(r.failure_kind),
-            answer=answer and sys.intern(answer),
-            reports_answer="extracted_answer" in r.verifier,
-            timings=r.timings,
-            usage=r.usage,
-        )
-
-
-def _answer(verifier: dict[str, Any]) -> str | None:
-    a = verifier.get("extracted_answer")
-    return None if a is None else str(a)
-
-
-def keep(samples: dict[str, Sample], s: Sample) -> bool:
-    """Fold a Sample into one-per-rollout: a later attempt replaces, a repeat of the same attempt is ignored.
-
-    This is the rule ``gymbus collect`` applies to the results stream, so its ``rollouts.jsonl``
-    and the live profiler hold the same Samples. True if ``samples`` changed.
-    """
-    old = samples.get(s.session_id)
-    if old is not None and s.attempt <= old.attempt:
-        return False
-    samples[s.session_id] = s
-    return True
 
 
 class RunInfo(msgspec.Struct, kw_only=True):
@@ -192,61 +129,128 @@ class Profile(msgspec.Struct, kw_only=True):
 
 
 def build(
-    info: RunInfo, samples: Iterable[Sample], *, source: Literal["live", "offline"]
+    info: RunInfo, samples: Iterable[Sample] | SampleTable, *, source: Literal["live", "offline"]
 ) -> tuple[Profile, list[TaskProfile]]:
     """The profile of a run and one row per task, from one Sample per rollout."""
-    ordered = sorted(samples, key=lambda s: (s.task_index, s.rollout_index))
-    by_task: dict[int, list[Sample]] = defaultdict(list)
-    for s in ordered:
-        by_task[s.task_index].append(s)
-    indices = sorted(set(range(info.tasks or 0)) | set(by_task))
-    n_max = info.repeats or max((len(v) for v in by_task.values()), default=0)
-    k_list = ks(n_max)
-    answers = any(s.reports_answer for s in ordered if s.reward is not None)
-    tasks = [_task(i, by_task.get(i, []), info, k_list, answers) for i in indices]
-    scored = [s for s in ordered if s.reward is not None]
-    failures = Counter(s.failure_kind or "unknown" for s in ordered if s.reward is None)
-    passed = [s for s in scored if s.reward is not None and s.reward >= info.pass_threshold]
+    table = samples if isinstance(samples, SampleTable) else SampleTable.of(samples)
+    return _build(info, table, source, ())
+
+
+def _build(
+    info: RunInfo, table: SampleTable, source: Literal["live", "offline"], where: Where
+) -> tuple[Profile, list[TaskProfile]]:
+    counts, answers = {}, False
+    for t, pairs in table.rows_by_task(where):
+        counts[t] = len(pairs)
+        answers = answers or any(table.scored(r) and table.reports_answer(r) for _, r in pairs)
+    indices = sorted(set(range(info.tasks or 0)) | counts.keys())
+    k_list = ks(info.repeats or max(counts.values(), default=0))
+    fold = _Fold(info.pass_threshold)
+    tasks = []
+    for index, task_samples in _every_task(indices, table.by_task(where)):
+        fold.add(task_samples)
+        tasks.append(_task(index, task_samples, info, k_list, answers))
     rated = [t for t in tasks if t.scored]
+    n, scored = fold.present, len(fold.rewards)
     profile = Profile(
         run_id=info.run_id,
         source=source,
         generated_at=time.time(),
         expected=info.expected,
-        present=len(ordered),
-        completion=len(ordered) / info.expected if info.expected else None,
+        present=n,
+        completion=n / info.expected if info.expected else None,
         tasks=len(indices),
         repeats=info.repeats,
-        scored=len(scored),
-        failed=sum(failures.values()),
-        failures=dict(failures.most_common()),
+        scored=scored,
+        failed=sum(fold.failures.values()),
+        failures=dict(fold.failures.most_common()),
         pass_threshold=info.pass_threshold,
-        reward=describe([s.reward for s in scored if s.reward is not None]),
-        pass_rate=len(passed) / len(scored) if scored else None,
+        reward=describe(fold.rewards),
+        pass_rate=fold.passed / scored if scored else None,
         pass_at_k=_mean_at_k(tasks, k_list, "pass_at_k"),
         majority_at_k=_mean_at_k(tasks, k_list, "majority_at_k") if answers else [],
-        no_answer=_no_answer(scored) if answers else None,
+        no_answer=fold.no_answer / fold.reporting if answers and fold.reporting else None,
         tasks_never_passed=sum(1 for t in rated if t.passed == 0),
         tasks_always_passed=sum(1 for t in rated if t.passed == t.scored),
-        latency=latency(ordered),
-        throughput=_throughput(ordered),
-        components=component_stats([s.components for s in scored]),
-        by_env=_split(info, ordered, source, "env"),
-        by_group=_split(info, ordered, source, "group"),
+        latency={h: spread(v) for h, v in fold.hops.items()},
+        throughput=fold.throughput(),
+        components={name: describe(v) for name, v in sorted(fold.components.items())},
+        by_env=_split(info, table, source, where, "env"),
+        by_group=_split(info, table, source, where, "group"),
     )
     return profile, tasks
 
 
+def _every_task(indices: list[int], present: Iterator[tuple[int, list[Sample]]]) -> Iterator[tuple[int, list[Sample]]]:
+    """Each task index with its Samples (none for a task with no Result yet), in order."""
+    nxt = next(present, None)
+    for i in indices:
+        if nxt is not None and nxt[0] == i:
+            yield nxt
+            nxt = next(present, None)
+        else:
+            yield i, []
+
+
+class _Fold:
+    """The run-wide statistics, folded a task at a time: counts, and per rollout only its reward and
+    its time in each hop (8 bytes each)."""
+
+    def __init__(self, pass_threshold: float) -> None:
+        self.pass_threshold = pass_threshold
+        self.present = self.passed = self.reporting = self.no_answer = 0
+        self.rewards: array[float] = array("d")
+        self.failures: Counter[str] = Counter()
+        self.hops: dict[str, array[float]] = {h: array("d") for h in HOPS}
+        self.components: dict[str, array[float]] = {}
+        self.timed = self.tokens_in = self.tokens_out = 0
+        self.first, self.last = math.inf, -math.inf
+
+    def add(self, samples: list[Sample]) -> None:
+        for s in samples:
+            self.present += 1
+            self.tokens_in += s.usage.input_tokens
+            self.tokens_out += s.usage.output_tokens
+            t = s.timings
+            if t.submitted_at and t.finished_at:
+                self.timed += 1
+                self.first, self.last = min(self.first, t.submitted_at), max(self.last, t.finished_at)
+            for hop, v in hop_seconds(s).items():
+                self.hops[hop].append(v)
+            if s.reward is None:
+                self.failures[s.failure_kind or "unknown"] += 1
+                continue
+            self.rewards.append(s.reward)
+            self.passed += s.reward >= self.pass_threshold
+            if s.reports_answer:
+                self.reporting += 1
+                self.no_answer += s.answer is None
+            for name, v in s.components.items():
+                self.components.setdefault(name, array("d")).append(v)
+
+    def throughput(self) -> Throughput:
+        span = self.last - self.first if self.timed else None
+        n = self.present
+        return Throughput(
+            rollouts_per_s=self.timed / span if span else None,
+            span_s=span,
+            input_tokens=self.tokens_in,
+            output_tokens=self.tokens_out,
+            mean_input_tokens=self.tokens_in / n if n else None,
+            mean_output_tokens=self.tokens_out / n if n else None,
+        )
+
+
 def _split(
-    info: RunInfo, samples: list[Sample], source: Literal["live", "offline"], key: Literal["env", "group"]
+    info: RunInfo, table: SampleTable, source: Literal["live", "offline"], where: Where, key: Literal["env", "group"]
 ) -> dict[str, Profile]:
     """One profile per environment (or per group) when there are several (its tasks are those with a
     Result there)."""
-    values = sorted({getattr(s, key) for s in samples})
+    values = table.distinct(key, where)
     if len(values) < 2:
         return {}
     sub = RunInfo(run_id=info.run_id, repeats=info.repeats, pass_threshold=info.pass_threshold)
-    return {v or "-": build(sub, [s for s in samples if getattr(s, key) == v], source=source)[0] for v in values}
+    return {v or "-": _build(sub, table, source, (*where, (key, v)))[0] for v in values}
 
 
 def _task(index: int, samples: list[Sample], info: RunInfo, k_list: list[int], answers: bool) -> TaskProfile:
@@ -280,11 +284,6 @@ def _mean_at_k(tasks: list[TaskProfile], k_list: list[int], field: str) -> list[
     return out
 
 
-def _no_answer(scored: list[Sample]) -> float | None:
-    reporting = [s for s in scored if s.reports_answer]
-    return sum(1 for s in reporting if s.answer is None) / len(reporting) if reporting else None
-
-
 def hop_seconds(s: Sample) -> dict[str, float]:
     """A rollout's time by hop; hops it never took are left out (a Result built outside any handler has none)."""
     t = s.timings
@@ -306,33 +305,11 @@ def hop_seconds(s: Sample) -> dict[str, float]:
     return out
 
 
-def latency(samples: list[Sample]) -> dict[str, Spread]:
-    values: dict[str, list[float]] = {h: [] for h in HOPS}
-    for s in samples:
-        for hop, v in hop_seconds(s).items():
-            values[hop].append(v)
-    return {h: spread(v) for h, v in values.items()}
-
-
-def _throughput(samples: list[Sample]) -> Throughput:
-    timed = [s.timings for s in samples if s.timings.submitted_at and s.timings.finished_at]
-    span = max(t.finished_at for t in timed) - min(t.submitted_at for t in timed) if timed else None
-    n = len(samples)
-    tokens_in = sum(s.usage.input_tokens for s in samples)
-    tokens_out = sum(s.usage.output_tokens for s in samples)
-    return Throughput(
-        rollouts_per_s=len(timed) / span if span else None,
-        span_s=span,
-        input_tokens=tokens_in,
-        output_tokens=tokens_out,
-        mean_input_tokens=tokens_in / n if n else None,
-        mean_output_tokens=tokens_out / n if n else None,
-    )
-
-
 def comparable(profile: Profile) -> dict[str, Any]:
     """A profile without what differs by how it was made (source, time, stream position)."""
     out = msgspec.to_builtins(profile)
     for key in ("source", "generated_at", "last_seq"):
         out.pop(key, None)
+    for split in ("by_env", "by_group"):
+        out[split] = {name: comparable(p) for name, p in getattr(profile, split).items()}
     return out

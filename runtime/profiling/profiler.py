@@ -15,7 +15,7 @@ delivered message whose sequence is the very next one is folded as delivered, wi
 - a message is acked only once a snapshot covering it is in KV, so a crash between folding and
   writing loses nothing: the message comes back and the run is rebuilt.
 
-Within the fold, one Sample per rollout is kept (its latest attempt; `profile.keep`), the same rule
+Within the fold, one Sample per rollout is kept (its latest attempt; `SampleTable.add`), the same rule
 ``gymbus collect`` applies, so live and offline profiles of the same Results agree.
 """
 
@@ -44,7 +44,7 @@ from broker.schemas import result_decoder
 from broker.topology import Limits
 from runtime.engine.pull import Puller
 from runtime.profiling import profile
-from runtime.profiling.profile import Profile, RunInfo, Sample, TaskProfile
+from runtime.profiling.profile import Profile, RunInfo, Sample, SampleTable, TaskProfile
 from runtime.telemetry import health
 
 log = logging.getLogger("gymbus.profiler")
@@ -71,7 +71,7 @@ class RunState:
         self.run_id = run_id
         self.subject = topology.result_subject(run_id)
         self.info: RunInfo | None = None
-        self.samples: dict[str, Sample] = {}
+        self.samples = SampleTable(run_id)
         self.next_seq = 1
         self.flushed_seq = 0
         """The snapshot in KV covers the stream up to here."""
@@ -201,7 +201,7 @@ class Profiler:
             log.error("undecodable Result on %s, not profiled: %s", st.subject, exc)
             self.stats["undecodable"] += 1
             return
-        self.stats["folded" if profile.keep(st.samples, Sample.of(r)) else "superseded"] += 1
+        self.stats["folded" if st.samples.add(Sample.of(r)) else "superseded"] += 1
 
     async def _flush(self, kv: KeyValue, *, force: bool) -> None:
         now = time.monotonic()
@@ -221,7 +221,7 @@ class Profiler:
             st.info = await manifest(kv, st.run_id)
         started = time.perf_counter()
         folded = st.folded_seq
-        prof, tasks = profile.build(st.info or RunInfo(run_id=st.run_id), st.samples.values(), source="live")
+        prof, tasks = profile.build(st.info or RunInfo(run_id=st.run_id), st.samples, source="live")
         prof.last_seq = folded
         data = msgspec.json.encode(Snapshot(profile=prof, tasks=tasks))
         if len(data) > SNAPSHOT_LIMIT:

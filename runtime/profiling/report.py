@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import heapq
 import json
+from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -25,7 +26,7 @@ from markupsafe import Markup
 
 from runtime.items import reasoning_text
 from runtime.profiling import charts, profile, runfolder
-from runtime.profiling.profile import HOPS, Profile, Sample, TaskProfile
+from runtime.profiling.profile import HOPS, Profile, SampleTable, TaskProfile
 from runtime.profiling.tables import seconds
 
 MAX_ROLLOUTS = 3000
@@ -101,7 +102,7 @@ def render(
     prof: Profile,
     tasks: list[TaskProfile],
     rows: RowView,
-    samples: list[Sample],
+    samples: SampleTable,
     meta: dict[str, Any],
     sections: list[Section] | None = None,
 ) -> str:
@@ -130,13 +131,19 @@ def render(
 # --- charts ------------------------------------------------------------------------------------
 
 
-def _charts(prof: Profile, tasks: list[TaskProfile], samples: list[Sample]) -> dict[str, Markup]:
-    rewards = [s.reward for s in samples if s.reward is not None]
+def _charts(prof: Profile, tasks: list[TaskProfile], samples: SampleTable) -> dict[str, Markup]:
+    rewards: array[float] = array("d")
+    hops: dict[str, array[float]] = {h: array("d") for h in HOPS}
+    for s in samples:  # one pass: the table builds each Sample as it is read
+        if s.reward is not None:
+            rewards.append(s.reward)
+        for hop, v in profile.hop_seconds(s).items():
+            hops[hop].append(v)
     out = {
         "reward": Markup(_reward_histogram(rewards)),
         "pass_at_k": Markup(_pass_at_k(prof)),
         "difficulty": Markup(_difficulty(tasks)),
-        "latency": Markup(_latency(samples)),
+        "latency": Markup(charts.cdf("latency", hops, x_title="seconds per rollout (log scale)", fmt=_short_seconds)),
     }
     if prof.failures:
         labels = list(prof.failures)
@@ -146,7 +153,7 @@ def _charts(prof: Profile, tasks: list[TaskProfile], samples: list[Sample]) -> d
     return out
 
 
-def _reward_histogram(rewards: list[float]) -> str:
+def _reward_histogram(rewards: Sequence[float]) -> str:
     distinct = sorted(set(rewards))
     if len(distinct) <= 11:
         counts = Counter(rewards)
@@ -194,14 +201,6 @@ def _difficulty(tasks: list[TaskProfile]) -> str:
         color=charts.PALETTE[2],
         tips=tips,
     )
-
-
-def _latency(samples: list[Sample]) -> str:
-    values: dict[str, list[float]] = {h: [] for h in HOPS}
-    for s in samples:
-        for hop, v in profile.hop_seconds(s).items():
-            values[hop].append(v)
-    return charts.cdf("latency", values, x_title="seconds per rollout (log scale)", fmt=_short_seconds)
 
 
 def _short_seconds(v: float) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.profiling.profile import Profile, ProfileError, RunInfo, Sample, TaskProfile, keep
+from runtime.profiling.profile import Profile, ProfileError, RunInfo, Sample, SampleTable, TaskProfile
 from runtime.rows import result_from_row
 
 
@@ -62,23 +62,24 @@ def run_info(run_dir: Path, pass_threshold: float | None = None) -> RunInfo:
 
 def load(
     run_dir: Path, pass_threshold: float | None = None, on_row: Callable[[dict[str, Any]], None] | None = None
-) -> tuple[RunInfo, list[Sample]]:
+) -> tuple[RunInfo, SampleTable]:
     """A run folder's RunInfo and its Samples, reading ``rollouts.jsonl`` one row at a time: a row is
-    handed to ``on_row`` and dropped, so a run of any size is profiled in memory for its Samples only."""
+    handed to ``on_row`` and dropped, so a run of any size is profiled in memory for its SampleTable only."""
     path = run_dir / "rollouts.jsonl"
     if not run_dir.is_dir():
         raise ProfileError(f"run folder {str(run_dir)!r} does not exist")
     if not path.exists():
         raise ProfileError(f"run folder {str(run_dir)!r} has no rollouts.jsonl (has the run written any Results?)")
-    samples: dict[str, Sample] = {}
+    info = run_info(run_dir, pass_threshold)
+    samples = SampleTable(info.run_id)
     for n, row in enumerate(iter_rows(path), 1):
         try:
-            keep(samples, sample_from_row(row))
+            samples.add(sample_from_row(row))
         except msgspec.ValidationError as exc:
             raise ProfileError(f"{path} row {n}: {exc}") from None
         if on_row is not None:
             on_row(row)
-    return run_info(run_dir, pass_threshold), list(samples.values())
+    return info, samples
 
 
 def write(run_dir: Path, profile: Profile, tasks: list[TaskProfile]) -> None:
