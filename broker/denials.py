@@ -20,10 +20,14 @@ import asyncio
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
+
+from broker.inbox import Inbox
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"')
 _JS_API = [
@@ -84,6 +88,39 @@ class GuardedClient(Client):
         self.denials: deque[PermissionDenied] = deque(maxlen=64)
         """The latest denials of this connection, newest last."""
         self._watchers: dict[str, list[asyncio.Future[PermissionDenied]]] = {}
+        self.inbox = Inbox(self)
+        """The hot path's JetStream requests (broker/inbox.py)."""
+        self._raw: dict[int, Callable[[bytes, bytes, bytes], None]] = {}
+        self._direct: dict[int, Callable[[Msg], None]] = {}
+
+    def route_raw(self, sid: int, handler: Callable[[bytes, bytes, bytes], None]) -> None:
+        """Hand subscription ``sid``'s messages to ``handler(subject, payload, raw headers)`` in the read loop."""
+        self._raw[sid] = handler
+
+    def route(self, sid: int, handler: Callable[[Msg], None]) -> None:
+        """Hand subscription ``sid``'s messages to ``handler`` in the read loop, not through the
+        subscription's queue and task (two hand-offs per message); ``handler`` must not block."""
+        self._direct[sid] = handler
+
+    def unroute(self, sid: int) -> None:
+        self._raw.pop(sid, None)
+        self._direct.pop(sid, None)
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
+        raw = self._raw.get(sid)
+        if raw is not None:
+            self.stats["in_msgs"] += 1
+            self.stats["in_bytes"] += len(data)
+            raw(subject, data, headers)
+            return
+        direct = self._direct.get(sid)
+        if direct is None:
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        hdr: Any = await self._process_headers(headers)
+        direct(self._build_message(sid, subject, reply, data, hdr))
 
     async def publish(
         self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
@@ -129,6 +166,7 @@ class GuardedClient(Client):
                 future.set_result(denied)
                 delivered = True
         if kind == "publish":
+            delivered = self.inbox.deny(lowered, denied) or delivered
             for token, sent_to in list(self._requested.items()):
                 if sent_to.lower() == lowered:
                     pending = self._resp_map.get(token)
@@ -174,6 +212,7 @@ async def create_or_find(create: Awaitable[object], find: Callable[[], Awaitable
         await find()
     except (NotFoundError, PermissionDenied):  # missing, or not even its own to look at
         raise PermissionDenied(
-            refused.identity, f"{refused.operation}, and {what} does not exist yet: run `gymbus init` as admin first",
+            refused.identity,
+            f"{refused.operation}, and {what} does not exist yet: run `gymbus init` as admin first",
             refused.subject,
         ) from None

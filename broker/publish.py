@@ -13,9 +13,10 @@ from contextlib import AbstractContextManager
 import stamina
 from nats.errors import ConnectionReconnectingError
 from nats.js import JetStreamContext
-from nats.js.api import Header, PubAck
+from nats.js.api import Header
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
+from broker.inbox import PubAck, js_publish
 from broker.schemas import Msg, encoder
 
 RETRY_ON = (TimeoutError, NoStreamResponseError, ServiceUnavailableError, ConnectionReconnectingError)
@@ -48,12 +49,12 @@ async def publish_raw(
     The first try goes straight to the client: building a retry context costs 25-40 µs of CPU, a
     fair share of a publish's, and almost every publish succeeds at once (runtime/bench/README.md)."""
     try:
-        return await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S, headers=headers)
+        return await js_publish(js, subject, payload, headers, PUBLISH_TIMEOUT_S)
     except RETRY_ON:
         pass  # unknown outcome: publishing the same id again is safe
     async for attempt in stamina.retry_context(on=RETRY_ON, timeout=PUBLISH_BUDGET_S, wait_max=2.0, attempts=None):
         with attempt:
-            return await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S, headers=headers)
+            return await js_publish(js, subject, payload, headers, PUBLISH_TIMEOUT_S)
     raise AssertionError("unreachable")
 
 

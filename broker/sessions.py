@@ -18,6 +18,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, Header
 from nats.js.errors import APIError, NotFoundError
 
 from broker import topology
+from broker.inbox import direct_get_last
 from broker.publish import publish_raw
 from broker.schemas import Session, session_decoder, session_encoder
 
@@ -47,8 +48,13 @@ class SessionStore:
         ``any_replica`` the read is a direct get, which any replica of a replicated bucket may answer:
         cheaper, but a follower that has not applied the latest write yet returns an older value (or
         none). Only a caller that confirms with the leader before acting on an older value uses it."""
+        if any_replica:
+            stored = await direct_get_last(self._js, self._stream, self._prefix + sid)
+            if stored is None or stored.headers.get(_KV_OP) in ("DEL", "PURGE"):
+                return None
+            return session_decoder.decode(stored.data), stored.seq
         try:
-            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid, direct=any_replica)
+            msg = await self._js.get_msg(self._stream, subject=self._prefix + sid)
         except NotFoundError:
             return None
         if msg.headers and msg.headers.get(_KV_OP) in ("DEL", "PURGE"):

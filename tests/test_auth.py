@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -24,14 +25,25 @@ from broker.auth import ClientAuth, client_auth, identities
 from broker.connect import BrokerUnavailable, connect
 from broker.denials import GuardedClient, PermissionDenied
 from broker.provision import provision
+from broker.publish import publish_raw
 from broker.server import EmbeddedServer
+from broker.sessions import SessionStore
 
 AGENTS, ENVS = ["simple_agent"], ["math"]
 Op = Callable[[Client], Awaitable[object]]
 
 
 def js_publish(subject: str) -> Op:
-    return lambda nc: nc.jetstream().publish(subject, b"{}", timeout=5)
+    """A publish to a stream as workers make them: on the connection's own inbox (broker/inbox.py)."""
+    return lambda nc: publish_raw(nc.jetstream(), subject, b"{}")
+
+
+async def read_session(nc: Client, sid: str) -> None:
+    """A session read as the hot path makes it: a direct get on the connection's own inbox."""
+    try:
+        await SessionStore(nc.jetstream()).get(sid, any_replica=True)
+    except msgspec.ValidationError:  # "write a session" stored b"{}", not a session: the read was allowed
+        pass
 
 
 async def pull(nc: Client, stream: str, consumer: str) -> None:
@@ -112,7 +124,7 @@ OPS: dict[str, Op] = {
     "pull simple_agent's work": lambda nc: pull(nc, topology.WORK_STREAM, "agent-simple_agent"),
     "pull math's tool calls": lambda nc: pull(nc, topology.WORK_STREAM, "tool-math"),
     "pull the profiler's Results": lambda nc: pull(nc, topology.RESULTS_STREAM, topology.PROFILER),
-    "read a session": lambda nc: kv_get(nc, topology.SESSIONS, "matrix.0.0"),
+    "read a session": lambda nc: read_session(nc, "matrix.0.0"),
     "write a session": lambda nc: kv_put(nc, topology.SESSIONS, "matrix.0.0"),
     "read the runs bucket": lambda nc: kv_get(nc, topology.RUNS, "matrix.manifest"),
     "write a run manifest": lambda nc: kv_put(nc, topology.RUNS, "matrix.manifest"),
