@@ -1,10 +1,11 @@
-"""The worker's pull requests (runtime/engine/pull.py `Puller`) against a real nats-server.
+"""The one-shot pull requests of the profiler and the janitor (runtime/engine/pull.py `Puller`) against a
+real nats-server (a worker's continuous requests are tests/test_consumer.py's).
 
 nats-py's ``PullSubscription.fetch(n)`` holds messages it already received until its timeout when a
 second client waits on the same consumer (the server answers its probe with 408 Requests Pending,
 and the lingering request it falls back to waits for all n). In a closed loop, where the next
 message only comes once the held ones are handled, every such fetch cost the full timeout. These
-tests pin the contract the worker relies on instead: a fetch returns as soon as it has messages.
+tests pin the contract its callers rely on instead: a fetch returns as soon as it has messages.
 """
 
 from __future__ import annotations

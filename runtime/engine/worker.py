@@ -1,7 +1,7 @@
 """The worker: binds one function to its durable consumer(s) and runs messages through it.
 
-It pulls in batches, runs up to ``concurrency`` messages at once, tells the broker a long
-handler is still in progress, acks on success, naks with backoff on retryable errors, and ends
+It keeps its free handler slots asked for, runs up to ``concurrency`` messages at once, tells the
+broker a long handler is still in progress, acks on success, naks with backoff on retryable errors, and ends
 the rollout with a failed Result (plus a dead letter when the delivery budget is spent) on
 permanent ones. It holds no state between messages (DESIGN invariant 4); SIGTERM drains it.
 """
@@ -48,7 +48,7 @@ from runtime.engine.failures import fail, fail_by_ids
 from runtime.engine.inline import Verifiers, inline_from_env
 from runtime.engine.janitor import Janitor
 from runtime.engine.metrics import HttpServer, WorkerMetrics
-from runtime.engine.pull import Puller, Slots
+from runtime.engine.pull import Consumer, Slots
 from runtime.engine.transitions import Delivery, Handler, Runtime
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.model.client import Endpoints, ModelClient
@@ -76,11 +76,14 @@ class Worker:
     nats_url: str
     concurrency: int = 64
     batch: int = 32
+    """Most messages one pull request asks for; another is sent once this many slots (or a quarter of
+    ``concurrency``, if fewer) are free beyond what is asked for (runtime/engine/pull.py `Consumer`)."""
     roles: list[Role] | None = None
     model_url: str | None = None
     limits: Limits = field(default_factory=Limits.from_env)
     drain_timeout_s: float = 30.0
     fetch_timeout_s: float = 1.0
+    """How long each pull request waits at the broker (its ``expires``)."""
     retried_kinds: frozenset[FailureKind] = RETRIED_KINDS
     """The retry policy of rollouts whose ``Options.retry`` is None (see runtime/engine/retry.py)."""
     heartbeat: bool = True
@@ -160,9 +163,12 @@ class Worker:
             loops = []
             for role in self.roles or roles_of(self.function):
                 durable = await topology.ensure_consumer(js, role, self.name, self.limits)
-                puller = await Puller(nc, topology.WORK_STREAM, durable).start()
-                self._slots.append(Slots(self.concurrency))
-                loops.append(asyncio.create_task(self._loop(rt, puller, role, self._slots[-1])))
+                slots = Slots(self.concurrency)
+                self._slots.append(slots)
+                consumer = Consumer(nc, topology.WORK_STREAM, durable)
+                await consumer.start(slots, self._taker(rt, role, slots))
+                threshold = min(self.batch, self.concurrency // 4)
+                loops.append(asyncio.create_task(consumer.run(self.batch, threshold, self.fetch_timeout_s)))
             if self.janitor:
                 jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
@@ -185,19 +191,16 @@ class Worker:
             await close_client(nc.jetstream())  # the one environments opened for named models (judges)
             await _close(nc)
 
-    async def _loop(self, rt: Runtime, puller: Puller, role: Role, slots: Slots) -> None:
+    def _taker(self, rt: Runtime, role: Role, slots: Slots) -> Callable[[NatsMsg], None]:
+        """What the consumer of ``role`` calls with each message it delivers: a handler task of its own."""
         decode, handle = _ROUTES[role]
-        while not self._stopping.is_set():
-            n = await slots.take(self.batch)
-            if n == 0:
-                return
-            msgs = await puller.take(n, self.fetch_timeout_s)
-            if len(msgs) < n:
-                slots.give(n - len(msgs))
-            for m in msgs:
-                task = asyncio.create_task(self._process(rt, m, role, decode, handle, slots))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+
+        def take(m: NatsMsg) -> None:
+            task = asyncio.create_task(self._process(rt, m, role, decode, handle, slots))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return take
 
     async def _process(
         self,
