@@ -214,3 +214,27 @@ async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_i
     # first, which in a full test run may be another module's: its spans need not be recorded here)
     [chat] = by_name(ours, "chat policy")
     assert len({t[2] for t in sent}) == 2 and chat.span_id not in {t[2] for t in sent}
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+async def test_the_logprobs_probe_of_a_call_for_token_ids_sends_the_trace_context_too(
+    harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, sampled: bool
+) -> None:
+    """A call for token ids asks the replica which logprobs it returns (two /completions requests,
+    once per process): those requests carry the call's trace context as the call itself does."""
+    proxy = RecordingProxy((await harness.simulate(MATH_TASKS, accuracy=1.0)).removesuffix("/v1"))
+    client = ModelClient(Endpoints(static=await proxy.start()))
+    start = harness.start(math_rows[0], agent="simple_agent", env="math", return_token_ids=True)
+    session = new_session(start, 0, Delivery(published_at=1.0))
+    trace_id, flags = 0x4BF92F3577B34DA6A3CE929D0E0E4736, TraceFlags(TraceFlags.SAMPLED if sampled else 0)
+    parent = NonRecordingSpan(SpanContext(trace_id, 0x00F067AA0BA902B7, is_remote=True, trace_flags=flags))
+    try:
+        with trace.use_span(parent):
+            out = await genai.TracedModel(client)(session.items, session.params, session)
+    finally:
+        await client.close()
+        await proxy.stop()
+    assert out.turn is not None and out.turn.logprobs_mode == "processed_logprobs"
+    assert [x.path for x in proxy.exchanges] == ["/v1/chat/completions", "/v1/completions", "/v1/completions"]
+    sent = [x.headers["traceparent"].split("-") for x in proxy.exchanges]
+    assert all(t[1] == f"{trace_id:032x}" and t[3] == ("01" if sampled else "00") for t in sent)

@@ -27,6 +27,7 @@ import aiohttp
 import msgspec
 import stamina
 from opentelemetry import propagate
+from yarl import URL
 
 from broker.schemas import Session, Trajectory, Turn, Usage
 from runtime.errors import ContextLength, ModelError
@@ -41,6 +42,7 @@ DEFAULT_SAMPLING: dict[str, Any] = sampling.NEUTRAL
 """Sent when neither the task nor the deployment says, so the server's generation config never applies."""
 
 SAMPLING_KEYS = sampling.KEYS
+_SAMPLING_KEYS = frozenset(SAMPLING_KEYS)
 SESSION_HEADER = "X-Gymbus-Session"
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "max_model_len")
 NO_ENDPOINT_WAIT_S = 30.0
@@ -74,6 +76,7 @@ _RETRIED = (_Retryable, aiohttp.ClientError, TimeoutError)
 _WAIT_INITIAL_S, _WAIT_MAX_S, _WAIT_JITTER_S = 0.1, 2.0, 0.5
 """Backoff between attempts: 0.1 s doubling per attempt up to 2 s, plus up to 0.5 s of jitter."""
 _JSON = {"Content-Type": "application/json"}
+_URLS_KEPT = 1024
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
@@ -86,6 +89,9 @@ class ModelClient:
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY"))
     _session: aiohttp.ClientSession | None = None
     _timeouts: dict[float, aiohttp.ClientTimeout] = field(default_factory=dict)
+    _urls: dict[tuple[str, str], URL] = field(default_factory=dict)
+    """Each (base URL, route) parsed once: aiohttp parses a string URL on every request and computes
+    the properties it reads (host, port, ...) on each new URL object."""
 
     async def close(self) -> None:
         await self.endpoints.close()
@@ -96,17 +102,18 @@ class ModelClient:
         if self._session is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers, trace_configs=[_PROPAGATE]
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers
             )
         return self._session
 
     async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput:
         """Call the model once for ``session``'s conversation."""
-        pool = await self.endpoints.pool(session.model)
-        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # replicas may be (re)starting
+        pool = self.endpoints.opened(session.model) or await self.endpoints.pool(session.model)
+        if not pool.by_url:
+            await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # replicas may be (re)starting
         entry = pool.entry
         sent = sampling.resolve(entry.sampling, params)
-        body = {k: v for k, v in params.items() if k not in SAMPLING_KEYS}
+        body = {k: v for k, v in params.items() if k not in _SAMPLING_KEYS}
         body.update(sent, model=params.get("model") or session.model, input=items, store=False)
         if session.options.chat_template_kwargs:
             body["chat_template_kwargs"] = session.options.chat_template_kwargs
@@ -128,7 +135,9 @@ class ModelClient:
         """The first attempt goes straight out: a stamina retry context costs tens of µs of CPU per
         call (runtime/bench/README.md) and almost every call succeeds at once. Only a failed first attempt
         enters the retry loop, with the same backoff the loop would have used from the start."""
-        entry, tried, errors = pool.entry, set[str](), list[str]()
+        entry = pool.entry
+        tried: set[str] = set()  # not set[str](): calling a generic alias costs ~0.3 µs
+        errors: list[str] = []
         try:
             return await self._try(pool, entry, body, sid, want_ids, tried, errors)
         except _RETRIED:
@@ -162,7 +171,8 @@ class ModelClient:
         errors: list[str],
     ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
         """One attempt on a replica it has not tried yet (if there is one); a failure is recorded."""
-        await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # all may have left since the last try
+        if not pool.by_url:
+            await pool.wait_for_endpoints(NO_ENDPOINT_WAIT_S)  # all may have left since the last try
         async with pool.lease(sid, tried) as ep:
             try:
                 out = await self._attempt(ep, entry, body, sid, want_ids)
@@ -179,7 +189,10 @@ class ModelClient:
         self, ep: Endpoint, entry: ModelEntry, body: dict[str, Any], sid: str, want_ids: bool
     ) -> tuple[list[dict[str, Any]], Usage, str | None, Turn | None]:
         try:
-            if not want_ids and await self._responses_first(ep, entry):
+            responses = not want_ids and _responses_known(ep, entry)
+            if responses is None:  # not known yet: asked of the replica once
+                responses = await self._responses_first(ep, entry)
+            if responses:
                 reply = await self._responses(ep, entry, body, sid)
                 if reply is not None:
                     return _finish(reply, None)
@@ -213,7 +226,8 @@ class ModelClient:
         """``POST /responses`` with an empty body: a server with the route rejects the body (4xx) or
         answers; one without says 404/405/501. Nothing is generated."""
         timeout = aiohttp.ClientTimeout(total=min(timeout_s, 30.0))
-        async with self._http().post(f"{url}/responses", data=b"{}", headers=_JSON, timeout=timeout) as resp:
+        headers = _with_trace_context(dict(_JSON))
+        async with self._http().post(f"{url}/responses", data=b"{}", headers=headers, timeout=timeout) as resp:
             await resp.read()
             if resp.status in (404, 405, 501):
                 log.info("model endpoint %s has no /responses; using /chat/completions", url)
@@ -243,15 +257,22 @@ class ModelClient:
             return entry.logprobs_mode
         task = ep.facts.get("logprobs_mode")
         if task is None:
-            task = ep.facts["logprobs_mode"] = asyncio.create_task(sampling.logprobs_mode(self._http(), ep.url, model))
+            probe = sampling.logprobs_mode(self._http(), ep.url, model, headers=_with_trace_context({}))
+            task = ep.facts["logprobs_mode"] = asyncio.create_task(probe)
         return str(await asyncio.shield(task))
 
     async def _post(self, url: str, route: str, body: dict[str, Any], sid: str, timeout_s: float) -> dict[str, Any]:
         timeout = self._timeouts.get(timeout_s)
         if timeout is None:
             timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(total=timeout_s)
-        headers = {**_JSON, SESSION_HEADER: sid}  # the session id lets routers keep a rollout on one replica
-        async with self._http().post(f"{url}{route}", data=_encode(body), timeout=timeout, headers=headers) as resp:
+        # the session id lets routers keep a rollout on one replica
+        headers = _with_trace_context({**_JSON, SESSION_HEADER: sid})
+        target = self._urls.get((url, route))
+        if target is None:
+            if len(self._urls) >= _URLS_KEPT:  # replicas come and go (a restarted one on a new port)
+                self._urls.clear()
+            target = self._urls[(url, route)] = URL(f"{url}{route}")
+        async with self._http().post(target, data=_encode(body), timeout=timeout, headers=headers) as resp:
             raw = await resp.read()
             if resp.status == 200:
                 try:
@@ -265,16 +286,21 @@ class ModelClient:
             return _refused(url, route, resp.status, resp.content_type, raw)
 
 
-async def _send_trace_context(_: aiohttp.ClientSession, __: Any, params: aiohttp.TraceRequestStartParams) -> None:
+def _with_trace_context(headers: dict[str, str]) -> dict[str, str]:
     """Every request carries the caller's trace context (``traceparent``), also when the HTTP
     instrumentation is off or skipped (a rollout not sampled: see `genai.TracedModel`); when it runs,
-    its own span's context is the one sent, whichever hook runs first."""
-    if "traceparent" not in params.headers:
-        propagate.inject(params.headers)
+    its ``on_request_start`` hook injects its own span's context over this one, so that is the one sent.
+    Injected here rather than from an aiohttp ``TraceConfig`` of our own: with one, aiohttp builds
+    trace objects and fires its signals on every request (~15 µs of CPU per model call)."""
+    propagate.inject(headers)
+    return headers
 
 
-_PROPAGATE = aiohttp.TraceConfig()
-_PROPAGATE.on_request_start.append(_send_trace_context)
+def _responses_known(ep: Endpoint, entry: ModelEntry) -> bool | None:
+    """`ModelClient._responses_first` without a coroutine once it is known (every call but the first)."""
+    if entry.api != "auto":
+        return entry.api == "responses"
+    return None if ep.api is None else ep.api == "responses"
 
 
 def _refused(url: str, route: str, status: int, content_type: str, raw: bytes) -> dict[str, Any]:

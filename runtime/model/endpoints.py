@@ -26,7 +26,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -176,20 +176,16 @@ class Pool:
             raise ModelError(f"model {self.model!r} has no live endpoints")
         fresh = [e for e in eps if e.url not in avoid] or eps
         pool = [e for e in fresh if e.healthy] or sorted(fresh, key=lambda e: e.down_since or 0.0)[:1]
-        preferred = max(pool, key=lambda e: rendezvous(session, e.url))
-        least = min(pool, key=lambda e: (e.in_flight, -rendezvous(session, e.url)))
+        if len(pool) == 1:
+            return pool[0]
+        weighed = [(rendezvous(session, e.url), e) for e in pool]  # each weight hashed once
+        preferred = max(weighed, key=lambda w: w[0])[1]
+        least = min(weighed, key=lambda w: (w[1].in_flight, -w[0]))[1]
         return preferred if preferred.in_flight <= least.in_flight + self.slack else least
 
-    @contextlib.asynccontextmanager
-    async def lease(self, session: str, avoid: Collection[str] = ()) -> AsyncIterator[Endpoint]:
-        """Hold a slot on the chosen replica for one HTTP attempt."""
-        ep = self.pick(session, avoid)
-        ep.in_flight += 1
-        try:
-            async with ep.slots:
-                yield ep
-        finally:
-            ep.in_flight -= 1
+    def lease(self, session: str, avoid: Collection[str] = ()) -> Lease:
+        """Hold a slot on the chosen replica for one HTTP attempt (``async with pool.lease(...) as ep``)."""
+        return Lease(self, session, avoid)
 
     async def wait_for_endpoints(self, timeout_s: float) -> None:
         """Return once the model has endpoints, or raise ModelError after ``timeout_s``."""
@@ -249,6 +245,30 @@ class Pool:
             await self._http.close()
 
 
+class Lease:
+    """`Pool.lease`: the replica is chosen on entry, counted in flight until exit, and holds one of its
+    slots meanwhile. A class rather than an ``asynccontextmanager``, which costs ~2 µs more per call."""
+
+    __slots__ = ("_avoid", "_pool", "_session", "ep")
+
+    def __init__(self, pool: Pool, session: str, avoid: Collection[str]) -> None:
+        self._pool, self._session, self._avoid = pool, session, avoid
+
+    async def __aenter__(self) -> Endpoint:
+        ep = self.ep = self._pool.pick(self._session, self._avoid)
+        ep.in_flight += 1
+        try:
+            await ep.slots.acquire()
+        except BaseException:
+            ep.in_flight -= 1
+            raise
+        return ep
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.ep.slots.release()
+        self.ep.in_flight -= 1
+
+
 class Endpoints:
     """The pools of every model a worker calls: from a static URL list, else the ``models`` bucket, watched."""
 
@@ -259,6 +279,10 @@ class Endpoints:
         self._watchers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
+
+    def opened(self, model: str) -> Pool | None:
+        """The model's pool if it is open already (`pool` without a coroutine, for every call but the first)."""
+        return self._pools.get(model)
 
     async def pool(self, model: str) -> Pool:
         """The model's pool; the first call for a model starts watching its KV key."""

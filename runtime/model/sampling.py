@@ -91,22 +91,29 @@ async def probe(http: aiohttp.ClientSession, url: str, model: str, timeout_s: fl
     return Probe(logprobs_mode=mode, overridden=overridden)
 
 
-async def logprobs_mode(http: aiohttp.ClientSession, url: str, model: str, timeout_s: float = 30.0) -> str:
-    """Which logprobs the server returns (two requests), or "" if it cannot be told."""
+async def logprobs_mode(
+    http: aiohttp.ClientSession, url: str, model: str, timeout_s: float = 30.0, headers: dict[str, str] | None = None
+) -> str:
+    """Which logprobs the server returns (two requests, with ``headers``), or "" if it cannot be told."""
     try:
-        reference = await _top(http, url, model, dict(NEUTRAL), timeout_s)
-        cooler = await _top(http, url, model, {**NEUTRAL, "temperature": 0.5}, timeout_s)
+        reference = await _top(http, url, model, dict(NEUTRAL), timeout_s, headers)
+        cooler = await _top(http, url, model, {**NEUTRAL, "temperature": 0.5}, timeout_s, headers)
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, IndexError):
         return ""
     return "raw_logprobs" if _same(reference, cooler) else "processed_logprobs"
 
 
 async def _top(
-    http: aiohttp.ClientSession, url: str, model: str, sampling: dict[str, Any], timeout_s: float
+    http: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    sampling: dict[str, Any],
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, float]:
     body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "logprobs": PROBE_TOP, "seed": 0, **sampling}
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with http.post(f"{url}/completions", json=body, timeout=timeout) as resp:
+    async with http.post(f"{url}/completions", json=body, timeout=timeout, headers=headers) as resp:
         if resp.status != 200:
             raise ValueError(f"POST {url}/completions answered HTTP {resp.status}")
         answer = await resp.json()

@@ -164,7 +164,7 @@ def responses_input(items: list[dict[str, Any]], reasoning: ReasoningMode = "ser
 
 
 def _has_training(item: dict[str, Any]) -> bool:
-    return any(k in item for k in _GYMBUS_KEYS)
+    return not item.keys().isdisjoint(_GYMBUS_KEYS)
 
 
 # ---- Responses -> Chat (requests) ----------------------------------------------------------------

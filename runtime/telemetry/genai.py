@@ -9,11 +9,11 @@ The model client only sends the trace context (``traceparent``): the worker wrap
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.instrumentation.utils import suppress_http_instrumentation
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Tracer
 
 from runtime.items import text_of
 from runtime.telemetry import semconv, tracing
@@ -29,15 +29,26 @@ T = TypeVar("T")
 class TracedModel:
     """Wraps the model client: a GenAI ``chat <model>`` span around every call."""
 
-    def __init__(self, respond: Callable[..., Awaitable[ModelOutput]]) -> None:
+    def __init__(self, respond: Callable[..., Coroutine[Any, Any, ModelOutput]]) -> None:
         self._respond = respond
 
-    async def __call__(
+    def __call__(
         self, items: list[dict[str, Any]], params: dict[str, Any], session: Session, *args: Any, **kwargs: Any
-    ) -> ModelOutput:
+    ) -> Coroutine[Any, Any, ModelOutput]:
         tracer = tracing.TRACER
-        if tracer is None:
-            return await self._respond(items, params, session, *args, **kwargs)
+        if tracer is None:  # tracing off: the client's own awaitable, without a coroutine of ours around it
+            return self._respond(items, params, session, *args, **kwargs)
+        return self._traced(tracer, items, params, session, *args, **kwargs)
+
+    async def _traced(
+        self,
+        tracer: Tracer,
+        items: list[dict[str, Any]],
+        params: dict[str, Any],
+        session: Session,
+        *args: Any,
+        **kwargs: Any,
+    ) -> ModelOutput:
         model = params.get("model") or session.model
         with tracer.start_as_current_span(f"{semconv.CHAT} {model}", kind=SpanKind.CLIENT) as span:
             recording = span.is_recording()
