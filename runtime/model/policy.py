@@ -117,6 +117,8 @@ class AnswerBook:
     _refs: OrderedDict[tuple[int, int], Reference | None] = field(default_factory=OrderedDict)
     """The references of the rollouts played lately, by (task, rollout): a rollout asks on each of its
     turns. The REFS_KEPT most recent only; one evicted is made again, the same."""
+    _prompts: dict[int, str | None] = field(default_factory=dict)
+    """`task_prompt` by row, worked out on its first call."""
 
     @classmethod
     def from_files(
@@ -144,14 +146,17 @@ class AnswerBook:
     def find(self, session: str, items: Any, *, by_session: bool = False) -> Row | None:
         """The row of this conversation: by the session's task index when its first user message agrees
         (or always, ``by_session``: a judge's prompt is not the task's), else by that first message."""
-        first = first_user_text(items)
-        task = _task_index(session)
+        return self._find(_task_index(session), first_user_text(items), by_session)
+
+    def _find(self, task: int | None, first: str, by_session: bool = False) -> Row | None:
         if task is not None and task < len(self.rows) and (by_session or self.rows[task].first_user == first):
             return self.rows[task]
         index = self._by_first.get(first)
         return self.rows[index] if index is not None else None
 
     def reference(self, row: Row, session: str) -> Reference | None:
+        if not row.env:  # no environment, no reference: nothing to make or keep
+            return None
         rollout = _rollout_index(session)
         key = (row.index, rollout)
         if key in self._refs:
@@ -179,13 +184,14 @@ class AnswerBook:
     def answer(self, items: Any, session: str, model: str, policy: str, accuracy: float) -> Play | None:
         """The reference's turn for this conversation, or None when its task has no reference. A call
         for a model that is neither the policy nor the task's own ``model`` is a judge's."""
-        task = self.find(session, items, by_session=True)
+        index, first = _task_index(session), first_user_text(items)  # found once, looked up twice
+        task = self._find(index, first, by_session=True)
         role = self.plays.get(model)
         if role in ("user_simulator", "tool_simulator", "summarizer"):
             return self.stand_in(role, task, items)
         asked = {policy, (task.row.get("responses_create_params") or {}).get("model") if task else None}
         judging = bool(model) and model not in asked
-        row = task if judging else self.find(session, items)
+        row = task if judging else self._find(index, first)
         ref = self.reference(row, session) if row is not None else None
         if row is None or ref is None:
             return None
@@ -207,8 +213,12 @@ class AnswerBook:
         """The task's own prompt (its input's last user message) when the session's task is known, so
         a user turn an agent adds does not hide it (the answer-key path)."""
         row = self.find(session, items)
-        task_input = (row.row.get("responses_create_params") or {}).get("input") if row is not None else None
-        return last_user_text(task_input) if isinstance(task_input, (str, list)) else None
+        if row is None:
+            return None
+        if row.index not in self._prompts:
+            task_input = (row.row.get("responses_create_params") or {}).get("input")
+            self._prompts[row.index] = last_user_text(task_input) if isinstance(task_input, (str, list)) else None
+        return self._prompts[row.index]
 
     def judge(self, row: Row, ref: Reference, correct: bool, items: Any) -> Play:
         """What a judge says of this rollout (what its environment's reference says it answers)."""

@@ -7,9 +7,16 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+Answer = bytes | Response
+"""What a `BarePost` handler returns: a JSON body to send with status 200, or any other response."""
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -45,3 +52,29 @@ class InThread:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()
+
+
+class BarePost:
+    """A POST route's endpoint as a bare ASGI app: ``handle(body, header)`` gets the request body and
+    one header's value ("" without it) and returns an `Answer`. Starlette's Request and Response, and
+    the wrappers around them, cost ~5 µs per call: the simulated policy's hot routes do without."""
+
+    def __init__(self, handle: Callable[[bytes, str], Awaitable[Answer]], header: bytes) -> None:
+        self.handle, self.header = handle, header
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect  # as Starlette's Request.body()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        value = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.header), "")
+        answer = await self.handle(body, value)
+        if not isinstance(answer, bytes):
+            await answer(scope, receive, send)
+            return
+        headers = [(b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})

@@ -107,7 +107,7 @@ def routes(sim: Simulator) -> list[Route]:
         return JSONResponse({"count": len(ids), "max_model_len": size, "tokens": ids})
 
     async def completions(request: Request) -> Response:
-        fault = await sim._fault(request)
+        fault = await sim._fault(await request.body())
         if fault is not None:
             return fault
         body = await request.json()
