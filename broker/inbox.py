@@ -63,7 +63,7 @@ class Inbox:
             def route(subject: bytes, data: bytes, headers: bytes) -> None:
                 pending = waiting.pop(subject[cut:], None)
                 if pending is not None and not pending[0].done():
-                    pending[0].set_result((headers, data))
+                    pending[0].set_result((headers or b"", data))
 
             self._nc.route_raw(sub._id, route)
             self._prefix = prefix

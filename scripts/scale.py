@@ -56,6 +56,10 @@ class Watch(threading.Thread):
         self.root, self.rows, self.expected = psutil.Process(root), rows, expected
         self.peaks: dict[str, float] = {}
         self.at: list[tuple[int, dict[str, float]]] = []
+        self.highest: dict[str, tuple[float, int, float]] = {}
+        """Per process, its highest sampled RSS, the rollouts done then and the seconds since the start:
+        where in the run a peak came (VmHWM also counts what lasted less than a sample)."""
+        self.started = time.time()
         self.stop = threading.Event()
         self._counted, self._offset = 0, 0
 
@@ -84,6 +88,9 @@ class Watch(threading.Thread):
                 except (psutil.Error, OSError):
                     continue
             done = self.done()
+            for name, mb in now.items():
+                if mb > self.highest.get(name, (0.0, 0, 0.0))[0]:
+                    self.highest[name] = (mb, done, time.time() - self.started)
             while tenth <= 10 and done >= self.expected * tenth / 10:
                 self.at.append((done, now))
                 tenth += 1
@@ -150,9 +157,14 @@ def main() -> int:
     print(f"{'process':<28}" + "".join(f"{done:>9,}" for done, _ in watch.at) + f"{'peak':>9}")
     for n in names:
         print(f"{n:<28}" + "".join(f"{now.get(n, 0):>9.0f}" for _, now in watch.at) + f"{watch.peaks[n]:>9.0f}")
+    print("\nhighest resident MB sampled (each second), with the rollouts done and the time then")
+    for n in names:
+        mb, done, at = watch.highest.get(n, (0.0, 0, 0.0))
+        print(f"{n:<28}{mb:>9.0f} MB at {done:>9,} rollouts, {at:>7,.0f} s")
     if args.json:
         figures = {"expected": expected, "rows": rows, "exit": code, "wall_s": wall, "sync": args.sync}
         figures |= {"peak_rss_mb": watch.peaks, "rss_mb_at": watch.at, "failures": meta.get("failures")}
+        figures |= {"highest_sampled": watch.highest}
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     if not args.keep:
         import shutil
