@@ -1,6 +1,7 @@
 """A recording reverse proxy in front of a model server (real HTTP on 127.0.0.1): every exchange is
 kept byte for byte (to compare what gymbus stored with what the server said), and routes can be
-hidden (answered 404, as a server without them would)."""
+hidden (answered 404, as a server without them would). It passes the trace context on as it came
+and makes no spans of its own (its client is left out of the process's aiohttp instrumentation)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RecordingProxy:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_route("*", "/{path:.*}", self._handle)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+        AioHttpClientInstrumentor.uninstrument_session(self._http)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -62,7 +65,8 @@ class RecordingProxy:
             self.exchanges.append(Exchange(request.path, body, 404, b'{"detail":"Not Found"}', dict(request.headers)))
             return web.json_response({"detail": "Not Found"}, status=404)
         assert self._http is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
+        passed = ("content-type", "authorization", "traceparent", "tracestate")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in passed}
         async with self._http.request(request.method, self.upstream + request.path_qs, data=body, headers=headers) as r:
             raw = await r.read()
             self.exchanges.append(Exchange(request.path, body, r.status, raw, dict(request.headers)))

@@ -7,6 +7,7 @@ back as the same records and must form one trace with the right parent/child str
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,22 +15,28 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from broker.publish import publish_raw
-from broker.schemas import encoder, session_id
+from broker.schemas import FunctionCall, encoder, session_id
 from conftest import MATH_TASKS, ROOT
 from runtime.engine.records import new_session
 from runtime.engine.transitions import Delivery
 from runtime.model.client import Endpoints, ModelClient
-from runtime.telemetry import genai, semconv, spanfile, tracing
+from runtime.telemetry import genai, semconv, spanfile, spans, tracing
 from runtime.telemetry.spanfile import SpanRecord
 from runtime.telemetry.spans import RolloutSpans
 from runtime.testing import Harness
@@ -187,11 +194,12 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
 
 @pytest.mark.parametrize("sampled", [False, True])
 async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_is_sampled(
-    harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, sampled: bool
+    harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, counting: Counting, sampled: bool
 ) -> None:
-    """Not sampled: the call makes no HTTP span (its instrumentation is skipped) and still sends the
-    trace context, marked not sampled, so a model server that traces follows the decision instead of
-    starting a trace of its own for every call. Sampled: the context sent is the HTTP span's."""
+    """Not sampled: the call builds no span at all (neither its own nor an HTTP one: its instrumentation
+    is skipped) and still sends the trace context, marked not sampled, so a model server that traces
+    follows the decision instead of starting a trace of its own for every call. Sampled: the context
+    sent is the HTTP span's."""
     proxy = RecordingProxy((await harness.simulate(MATH_TASKS, accuracy=1.0)).removesuffix("/v1"))
     client = ModelClient(Endpoints(static=await proxy.start()))
     session = new_session(harness.start(math_rows[0], agent="simple_agent", env="math"), 0, Delivery(published_at=1.0))
@@ -208,7 +216,7 @@ async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_i
     assert all(t[1] == f"{trace_id:032x}" and t[3] == ("01" if sampled else "00") for t in sent)
     ours = [spanfile.record(s) for s in memory.get_finished_spans() if s.context.trace_id == trace_id]
     if not sampled:
-        assert ours == []
+        assert ours == [] and counting.calls == 0
         return
     # each call's own HTTP span (aiohttp is instrumented once per process, for the provider given
     # first, which in a full test run may be another module's: its spans need not be recorded here)
@@ -238,3 +246,78 @@ async def test_the_logprobs_probe_of_a_call_for_token_ids_sends_the_trace_contex
     assert [x.path for x in proxy.exchanges] == ["/v1/chat/completions", "/v1/completions", "/v1/completions"]
     sent = [x.headers["traceparent"].split("-") for x in proxy.exchanges]
     assert all(t[1] == f"{trace_id:032x}" and t[3] == ("01" if sampled else "00") for t in sent)
+
+
+class Counting:
+    """How many spans the SDK's tracers build (recorded or not), counted at `Tracer.start_span`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+@pytest.fixture
+def counting(exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> Counting:
+    assert tracing.FOLLOWS_PARENT  # the SDK's default sampler, parentbased_always_on, follows its parent
+    counter, start_span = Counting(), SdkTracer.start_span
+
+    def counted(self: SdkTracer, *args: Any, **kwargs: Any) -> Any:
+        counter.calls += 1
+        return start_span(self, *args, **kwargs)
+
+    monkeypatch.setattr(SdkTracer, "start_span", counted)
+    return counter
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+async def test_a_hop_of_a_rollout_not_sampled_builds_no_span_and_passes_its_context_on(
+    counting: Counting, sampled: bool
+) -> None:
+    """Not sampled: neither the hop nor anything under it (a send, a tool call, a verification) builds a
+    span, unrecorded or not; the rollout's context is current all the same, so what the hop sends
+    carries it. Sampled: each of them is a span."""
+    trace_id = 0x5B8AA5A2D2C872E8321CF37308D69DF2
+    traceparent = f"00-{trace_id:032x}-051581bf3cb55c13-{'01' if sampled else '00'}"
+    hop = spans.hop("gym.tool.math", "tool-math", Delivery(published_at=1.0, headers={"traceparent": traceparent}), 9)
+    try:
+        assert trace.get_current_span().get_span_context().trace_id == trace_id
+        headers: dict[str, str] = {}
+        with spans.sending("gym.agent.simple_agent", headers, "s:1"):
+            pass
+        assert headers["traceparent"].split("-")[1] == f"{trace_id:032x}"
+        call = FunctionCall(call_id="c1", name="calculator", arguments='{"expression": "1 + 1"}')
+        assert await genai.tool_call("s", call, asyncio.sleep(0, "2")) == "2"
+        assert await spans.verification("math", "s", asyncio.sleep(0, 1.0)) == 1.0
+    finally:
+        hop.end()
+    assert counting.calls == (4 if sampled else 0)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+async def test_a_request_of_a_trace_not_sampled_skips_the_server_instrumentation(
+    counting: Counting, sampled: bool
+) -> None:
+    """A model server's request (the simulated policy's ASGI app) whose trace is not sampled goes past
+    the OpenTelemetry middleware, answered as any other."""
+
+    async def ok(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/v1/models", ok)])
+    tracing.instrument_app(app)
+    traceparent = f"00-{0x1F:032x}-{0x2E:016x}-{'01' if sampled else '00'}".encode()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "http_version": "1.1", "method": "GET", "scheme": "http", "path": "/v1/models",
+        "raw_path": b"/v1/models", "root_path": "", "query_string": b"", "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000), "headers": [(b"host", b"127.0.0.1:8000"), (b"traceparent", traceparent)],
+    }  # fmt: skip
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 200 and sent[-1]["body"] == b"ok"
+    assert (counting.calls > 0) if sampled else (counting.calls == 0)

@@ -26,13 +26,14 @@ from typing import Any
 import aiohttp
 import msgspec
 import stamina
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 from yarl import URL
 
 from broker.schemas import Session, Trajectory, Turn, Usage
 from runtime.errors import ContextLength, ModelError
 from runtime.model import sampling, tokens, translate
 from runtime.model.endpoints import Api, Endpoint, Endpoints, ModelEntry, Pool, deregister, model_key, register
+from runtime.telemetry import tracing
 
 __all__ = ["Endpoints", "ModelClient", "ModelEntry", "ModelOutput", "deregister", "model_key", "register"]
 
@@ -88,6 +89,9 @@ class ModelClient:
     endpoints: Endpoints
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY"))
     _session: aiohttp.ClientSession | None = None
+    _plain: aiohttp.ClientSession | None = None
+    """The session of calls made outside a recording span (tracing on, the rollout not sampled): one the
+    HTTP instrumentation is taken out of, so aiohttp fires none of its hooks for them."""
     _timeouts: dict[float, aiohttp.ClientTimeout] = field(default_factory=dict)
     _urls: dict[tuple[str, str], URL] = field(default_factory=dict)
     """Each (base URL, route) parsed once: aiohttp parses a string URL on every request and computes
@@ -95,16 +99,27 @@ class ModelClient:
 
     async def close(self) -> None:
         await self.endpoints.close()
-        if self._session is not None:
-            await self._session.close()
+        for http in (self._session, self._plain):
+            if http is not None:
+                await http.close()
 
     def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers
-            )
-        return self._session
+        """The HTTP session of a call made now: the instrumented one inside a recording span (or with
+        tracing off, when nothing is instrumented), else the plain one."""
+        if tracing.TRACER is None or trace.get_current_span().is_recording():
+            if self._session is None:
+                self._session = self._new_session()
+            return self._session
+        if self._plain is None:
+            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+            self._plain = self._new_session()
+            AioHttpClientInstrumentor.uninstrument_session(self._plain)
+        return self._plain
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers)
 
     async def __call__(self, items: list[dict[str, Any]], params: dict[str, Any], session: Session) -> ModelOutput:
         """Call the model once for ``session``'s conversation."""

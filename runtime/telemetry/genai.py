@@ -36,7 +36,9 @@ class TracedModel:
         self, items: list[dict[str, Any]], params: dict[str, Any], session: Session, *args: Any, **kwargs: Any
     ) -> Coroutine[Any, Any, ModelOutput]:
         tracer = tracing.TRACER
-        if tracer is None:  # tracing off: the client's own awaitable, without a coroutine of ours around it
+        if tracer is None or tracing.in_unsampled():  # tracing off, or a rollout not sampled: no span, and
+            # the client's own awaitable without a coroutine of ours around it (its HTTP call is not
+            # instrumented either: runtime/model/client.py `ModelClient._http`)
             return self._respond(items, params, session, *args, **kwargs)
         return self._traced(tracer, items, params, session, *args, **kwargs)
 
@@ -150,7 +152,7 @@ def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def tool_call(session_id: str, call: FunctionCall, run: Awaitable[T]) -> T:
     """Await ``run`` (one tool call) inside an ``execute_tool <name>`` span."""
     tracer = tracing.TRACER
-    if tracer is None:
+    if tracer is None or tracing.in_unsampled():
         return await run
     with tracer.start_as_current_span(f"{semconv.EXECUTE_TOOL} {call.name}") as span:
         if span.is_recording():

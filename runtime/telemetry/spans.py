@@ -7,8 +7,9 @@ emits is published with them. So each hop's CONSUMER span is a child of the roll
 trace stays flat, however many turns it takes. A Start published without trace context (a foreign
 publisher) takes the context of its first hop, whose span becomes the trace's root.
 
-Every helper returns at once when tracing is off (`runtime.telemetry.tracing.TRACER` is None), and sets
-attributes only on recording spans, so an unsampled rollout costs a few microseconds per hop.
+Every helper returns at once when tracing is off (`runtime.telemetry.tracing.TRACER` is None) or the
+rollout was not sampled (`runtime.telemetry.tracing.not_sampled`: its hop only makes the rollout's
+context current, so what it sends carries it), and sets attributes only on recording spans.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def sending(subject: str, headers: dict[str, str], msg_id: str) -> Iterator[None
         return
     if TRACEPARENT not in headers:
         propagate.inject(headers)
+    if tracing.in_unsampled():
+        yield
+        return
     with tracer.start_as_current_span(f"{semconv.SEND} {subject}", kind=SpanKind.PRODUCER) as span:
         if span.is_recording():
             span.set_attributes(
@@ -102,6 +106,8 @@ def hop(subject: str, group: str, d: DeliveryLike, size: int) -> Hop:
     if tracer is None:
         return _NO_HOP
     parent = propagate.extract(d.headers)
+    if tracing.not_sampled(d.headers.get(TRACEPARENT)):
+        return Hop(INVALID_SPAN, context.attach(parent))
     span = tracer.start_span(
         f"{semconv.PROCESS} {subject}", context=parent, kind=SpanKind.CONSUMER, start_time=_ns(d.received_at)
     )
@@ -145,7 +151,7 @@ def record_error(span: Span, exc: BaseException) -> None:
 async def verification(env: str, session_id: str, run: Awaitable[T]) -> T:
     """Await ``run`` (the verifier) inside a ``verify <env>`` span that records the reward."""
     tracer = tracing.TRACER
-    if tracer is None:
+    if tracer is None or tracing.in_unsampled():
         return await run
     with tracer.start_as_current_span(f"{semconv.VERIFY} {env}") as span:
         if span.is_recording():
