@@ -258,12 +258,17 @@ async def _audit(h: Harness, run_id: str, expected: set[str], timeout: float = 6
 
 
 async def _caught_up(h: Harness, node: int, timeout: float = 60.0) -> None:
-    """The restarted node is a current replica of every stream again."""
+    """The restarted node is a current replica of every stream again (a stream still electing its leader
+    answers no info request meanwhile: it counts as behind)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         behind = []
         for config in topology.streams():
-            info = await h.js.stream_info(config.name or "")
+            try:
+                info = await h.js.stream_info(config.name or "")
+            except nats.errors.TimeoutError:
+                behind.append(config.name)
+                continue
             peers = {p.name: p for p in info.cluster.replicas or []}  # type: ignore[union-attr]
             me = peers.get(f"n{node}")
             if info.cluster.leader != f"n{node}" and (me is None or not me.current):  # type: ignore[union-attr]

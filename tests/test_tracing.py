@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from broker import functions
 from broker.publish import publish_raw
 from broker.schemas import FunctionCall, encoder, session_id
 from conftest import MATH_TASKS, ROOT
@@ -39,7 +40,7 @@ from runtime.model.client import Endpoints, ModelClient
 from runtime.telemetry import genai, semconv, spanfile, spans, tracing
 from runtime.telemetry.spanfile import SpanRecord
 from runtime.telemetry.spans import RolloutSpans
-from runtime.testing import Harness
+from runtime.testing import Harness, wait_until
 from tests.recording_proxy import RecordingProxy
 
 
@@ -72,6 +73,10 @@ def spawn(function: str, url: str, traces: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+async def _has(registered: Awaitable[set[tuple[str, str]]], wanted: set[tuple[str, str]]) -> bool:
+    return wanted <= await registered
+
+
 def by_name(spans: list[SpanRecord], prefix: str) -> list[SpanRecord]:
     return sorted((s for s in spans if s.name.startswith(prefix)), key=lambda s: s.start_ns)
 
@@ -87,6 +92,10 @@ async def test_one_trace_per_rollout_across_worker_processes(
     traces = tmp_path / "traces.jsonl"
     workers = [spawn(f, harness.broker.url, traces) for f in ("simple_agent", "math")]
     try:
+        # A Start taken before math has registered runs as for an unknown environment (a seed step,
+        # the verify hop): the trace's shape below is that of a rollout whose environment is known
+        wanted = {("agent", "simple_agent"), ("env", "math")}
+        await wait_until(lambda: _has(functions.registered(harness.js), wanted), "both workers registered")
         start = harness.start(with_tools(math_rows[0]), agent="simple_agent", env="math", run_id="tr1")
         sid = session_id("tr1", 0, 0)
         roots = RolloutSpans()
