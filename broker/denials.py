@@ -102,10 +102,6 @@ class GuardedClient(Client):
         subscription's queue and task (two hand-offs per message); ``handler`` must not block."""
         self._direct[sid] = handler
 
-    def unroute(self, sid: int) -> None:
-        self._raw.pop(sid, None)
-        self._direct.pop(sid, None)
-
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
         raw = self._raw.get(sid)
         if raw is not None:

@@ -33,7 +33,7 @@ async def test_each_message_is_handed_over_as_it_arrives_and_no_more_is_asked_th
     got: list[Msg] = []
     slots = Slots(4)
     consumer = await Consumer(harness.nc, "CONS1", "d").start(slots, got.append)  # type: ignore[arg-type]
-    loop = asyncio.create_task(consumer.run(most=32, threshold=1, expires=0.5))
+    loop = asyncio.create_task(consumer.run(threshold=1, expires=0.5))
     try:
         for i in range(6):
             await harness.js.publish("c1.x", str(i).encode())
@@ -90,7 +90,7 @@ async def test_two_consumers_in_a_closed_loop_never_sit_on_messages(harness: Har
             task.add_done_callback(tasks.discard)
 
         consumer = await Consumer(nc, "CONS2", "d").start(slots, take)
-        loop = asyncio.create_task(consumer.run(most=32, threshold=2, expires=30.0))
+        loop = asyncio.create_task(consumer.run(threshold=2, expires=30.0))
         await stop.wait()
         slots.close()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -119,7 +119,7 @@ async def test_a_stopping_consumer_asks_for_nothing_more_and_ends_with_its_last_
     got: list[Msg] = []
     slots = Slots(8)
     consumer = await Consumer(harness.nc, "CONS3", "d").start(slots, got.append)  # type: ignore[arg-type]
-    loop = asyncio.create_task(consumer.run(most=32, threshold=1, expires=2.0))
+    loop = asyncio.create_task(consumer.run(threshold=1, expires=2.0))
     await wait_until(lambda: _waiting(harness, "CONS3", 1), "a request waiting")
     slots.close()  # stopping, with its request still open at the broker
     await harness.js.publish("c3.x", b"in flight")
@@ -128,7 +128,8 @@ async def test_a_stopping_consumer_asks_for_nothing_more_and_ends_with_its_last_
     requests = consumer.requests
     await harness.js.publish("c3.x", b"after")
     info = await harness.js.consumer_info("CONS3", "d")
-    assert info.num_waiting == 0 and info.num_pending == 1 and consumer.requests == requests
+    assert consumer.requests == requests, "a stopped consumer sent a pull request"
+    assert (info.num_waiting, info.num_pending, info.num_ack_pending) == (0, 1, 1), info
 
 
 async def _true(value: bool) -> bool:
@@ -137,3 +138,40 @@ async def _true(value: bool) -> bool:
 
 async def _waiting(h: Harness, stream: str, n: int) -> bool:
     return (await h.js.consumer_info(stream, "d")).num_waiting >= n
+
+
+async def test_a_request_the_broker_refuses_is_taken_back_and_asked_again(harness: Harness) -> None:
+    """A consumer that takes one waiting request (``max_waiting`` 1) refuses a second with 409 and no
+    count: the consumer takes back all that request asked for, asks again a moment later, and every
+    message is handed over with never more in hand than there are slots."""
+    await harness.js.add_stream(StreamConfig(name="CONS4", subjects=["c4.x"]))
+    config = ConsumerConfig(durable_name="d", ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_waiting=1)
+    await harness.js.add_consumer("CONS4", config)
+    got: list[Msg] = []
+    slots = Slots(4)
+    lowest = [slots.free]
+
+    def take(m: Msg) -> None:
+        got.append(m)
+        lowest[0] = min(lowest[0], slots.free)
+
+    consumer = await Consumer(harness.nc, "CONS4", "d").start(slots, take)  # type: ignore[arg-type]
+    loop = asyncio.create_task(consumer.run(threshold=1, expires=5.0))
+    try:
+        await wait_until(lambda: _waiting(harness, "CONS4", 1), "the first request waiting")
+        for i in range(2):
+            await harness.js.publish("c4.x", str(i).encode())
+        await wait_until(lambda: _true(len(got) == 2), "2 messages on the first request")
+        sent = consumer.requests
+        for m in got:  # 2 slots back: a second request, refused while the first still waits for 2 more
+            await m.ack()
+            slots.give()
+        await wait_until(lambda: _true(consumer.requests >= sent + 2), "the refused request asked again")
+        assert consumer.asked <= slots.free
+        for i in range(2, 6):
+            await harness.js.publish("c4.x", str(i).encode())
+        await wait_until(lambda: _true(len(got) == 6), "all 6 messages handed over")
+        assert sorted(m.data for m in got) == [str(i).encode() for i in range(6)] and lowest[0] >= 0
+    finally:
+        slots.close()
+        await asyncio.wait_for(loop, DEADLINE_S)

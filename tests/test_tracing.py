@@ -32,16 +32,16 @@ from starlette.routing import Route
 
 from broker import functions
 from broker.publish import publish_raw
-from broker.schemas import FunctionCall, encoder, session_id
+from broker.schemas import FunctionCall, Start, encoder, session_id
 from conftest import MATH_TASKS, ROOT
 from runtime.engine.records import new_session
 from runtime.engine.transitions import Delivery
-from runtime.model.client import Endpoints, ModelClient
+from runtime.model.client import Endpoints, ModelClient, ModelOutput
 from runtime.telemetry import genai, semconv, spanfile, spans, tracing
 from runtime.telemetry.spanfile import SpanRecord
 from runtime.telemetry.spans import RolloutSpans
 from runtime.testing import Harness, wait_until
-from tests.recording_proxy import RecordingProxy
+from tests.recording_proxy import Exchange, RecordingProxy
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +201,25 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
     assert tool.attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == str(math_rows[1]["expected_answer"])
 
 
+async def _call_through_proxy(
+    harness: Harness, start: Start, trace_id: int, sampled: bool
+) -> tuple[ModelOutput, list[Exchange]]:
+    """One model call of ``start``'s rollout, in a trace ``trace_id`` sampled or not, to the simulated
+    policy through a recording proxy: what the call returned, and what the proxy saw."""
+    proxy = RecordingProxy((await harness.simulate(MATH_TASKS, accuracy=1.0)).removesuffix("/v1"))
+    client = ModelClient(Endpoints(static=await proxy.start()))
+    session = new_session(start, 0, Delivery(published_at=1.0))
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled else 0)
+    parent = NonRecordingSpan(SpanContext(trace_id, 0xB7AD6B7169203331, is_remote=True, trace_flags=flags))
+    try:
+        with trace.use_span(parent):
+            out = await genai.TracedModel(client)(session.items, session.params, session)
+    finally:
+        await client.close()
+        await proxy.stop()
+    return out, proxy.exchanges
+
+
 @pytest.mark.parametrize("sampled", [False, True])
 async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_is_sampled(
     harness: Harness, math_rows: list[dict], memory: InMemorySpanExporter, counting: Counting, sampled: bool
@@ -209,19 +228,11 @@ async def test_a_model_call_sends_the_trace_context_whether_or_not_the_rollout_i
     is skipped) and still sends the trace context, marked not sampled, so a model server that traces
     follows the decision instead of starting a trace of its own for every call. Sampled: the context
     sent is the HTTP span's."""
-    proxy = RecordingProxy((await harness.simulate(MATH_TASKS, accuracy=1.0)).removesuffix("/v1"))
-    client = ModelClient(Endpoints(static=await proxy.start()))
-    session = new_session(harness.start(math_rows[0], agent="simple_agent", env="math"), 0, Delivery(published_at=1.0))
-    trace_id, flags = 0x0AF7651916CD43DD8448EB211C80319C, TraceFlags(TraceFlags.SAMPLED if sampled else 0)
-    parent = NonRecordingSpan(SpanContext(trace_id, 0xB7AD6B7169203331, is_remote=True, trace_flags=flags))
-    try:
-        with trace.use_span(parent):
-            out = await genai.TracedModel(client)(session.items, session.params, session)
-    finally:
-        await client.close()
-        await proxy.stop()
-    assert out.items and [x.path for x in proxy.exchanges] == ["/v1/responses", "/v1/responses"]  # the probe, the call
-    sent = [x.headers["traceparent"].split("-") for x in proxy.exchanges]
+    trace_id = 0x0AF7651916CD43DD8448EB211C80319C
+    start = harness.start(math_rows[0], agent="simple_agent", env="math")
+    out, exchanges = await _call_through_proxy(harness, start, trace_id, sampled)
+    assert out.items and [x.path for x in exchanges] == ["/v1/responses", "/v1/responses"]  # the probe, the call
+    sent = [x.headers["traceparent"].split("-") for x in exchanges]
     assert all(t[1] == f"{trace_id:032x}" and t[3] == ("01" if sampled else "00") for t in sent)
     ours = [spanfile.record(s) for s in memory.get_finished_spans() if s.context.trace_id == trace_id]
     if not sampled:
@@ -239,21 +250,12 @@ async def test_the_logprobs_probe_of_a_call_for_token_ids_sends_the_trace_contex
 ) -> None:
     """A call for token ids asks the replica which logprobs it returns (two /completions requests,
     once per process): those requests carry the call's trace context as the call itself does."""
-    proxy = RecordingProxy((await harness.simulate(MATH_TASKS, accuracy=1.0)).removesuffix("/v1"))
-    client = ModelClient(Endpoints(static=await proxy.start()))
+    trace_id = 0x4BF92F3577B34DA6A3CE929D0E0E4736
     start = harness.start(math_rows[0], agent="simple_agent", env="math", return_token_ids=True)
-    session = new_session(start, 0, Delivery(published_at=1.0))
-    trace_id, flags = 0x4BF92F3577B34DA6A3CE929D0E0E4736, TraceFlags(TraceFlags.SAMPLED if sampled else 0)
-    parent = NonRecordingSpan(SpanContext(trace_id, 0x00F067AA0BA902B7, is_remote=True, trace_flags=flags))
-    try:
-        with trace.use_span(parent):
-            out = await genai.TracedModel(client)(session.items, session.params, session)
-    finally:
-        await client.close()
-        await proxy.stop()
+    out, exchanges = await _call_through_proxy(harness, start, trace_id, sampled)
     assert out.turn is not None and out.turn.logprobs_mode == "processed_logprobs"
-    assert [x.path for x in proxy.exchanges] == ["/v1/chat/completions", "/v1/completions", "/v1/completions"]
-    sent = [x.headers["traceparent"].split("-") for x in proxy.exchanges]
+    assert [x.path for x in exchanges] == ["/v1/chat/completions", "/v1/completions", "/v1/completions"]
+    sent = [x.headers["traceparent"].split("-") for x in exchanges]
     assert all(t[1] == f"{trace_id:032x}" and t[3] == ("01" if sampled else "00") for t in sent)
 
 

@@ -31,7 +31,15 @@ def worker(
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-c", help="Messages handled at once, per subject served.")
     ] = 64,
-    batch: Annotated[int, typer.Option("--batch", help="Messages fetched per pull request.")] = 32,
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            "--batch",
+            min=1,
+            help="Fewest messages a pull request asks for: another is sent once this many slots are free "
+            "beyond those asked for (default: a quarter of --concurrency).",
+        ),
+    ] = None,
     role: Annotated[
         list[str] | None,
         typer.Option("--role", help="Serve only these roles: agent, tool, verify (default: all of the function's)."),

@@ -1,7 +1,7 @@
 """The engine: what runs a function's messages, exactly once.
 
     worker.py       Worker: binds a function to its durable consumers, runs, settles and drains messages
-    pull.py         one-shot pull requests and handler slots per consumer
+    pull.py         a worker's continuous pull requests, one-shot ones (profiler, janitor), handler slots
     transitions.py  the rollout state machine: one transition, exactly once (CAS on the step counter)
     admission.py    what an agent worker decides about a Start before any model call (defaults, checks)
     registry.py     a function's registration in KV functions (tools, task fields' schema, seed)

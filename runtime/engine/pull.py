@@ -23,48 +23,32 @@ log = logging.getLogger("gymbus.pull")
 
 
 class Slots:
-    """Free handler slots of one consumer. Each subject a worker serves has its own, so a long poll
-    on an idle subject never holds up work waiting on another. One loop takes, many handlers give."""
+    """Free handler slots of one consumer. Each subject a worker serves has its own, so a subject that
+    is busy never takes the slots of another. Its `Consumer` takes one per message it hands over (``free``
+    may go below 0 for a moment after a reconnect); each handler gives its slot back when it ends."""
 
     def __init__(self, n: int) -> None:
         self.free = n
         self.closed = False
-        self._changed = asyncio.Event()
         self.on_give: Callable[[], None] | None = None
         """Called whenever a slot comes back or the slots close (a `Consumer` may then ask for more)."""
 
-    async def take(self, most: int) -> int:
-        """Up to ``most`` free slots, waiting for one; 0 once closed (a stopping worker never waits on
-        its busy handlers here: its drain has its own timeout)."""
-        while self.free <= 0 and not self.closed:
-            self._changed.clear()
-            await self._changed.wait()
-        if self.closed:
-            return 0
-        k = min(most, self.free)
-        self.free -= k
-        return k
-
     def give(self, k: int = 1) -> None:
         self.free += k
-        self._changed.set()
         if self.on_give is not None:
             self.on_give()
 
     def close(self) -> None:
         self.closed = True
-        self._changed.set()
         if self.on_give is not None:
             self.on_give()
 
 
-def _route(nc: Client, sid: int, handler: Callable[[NatsMsg], None]) -> bool:
+def _route(nc: Client, sid: int, handler: Callable[[NatsMsg], None]) -> None:
     """Hand a subscription's messages to ``handler`` from the read loop (broker/denials.py), if the client can."""
     route = getattr(nc, "route", None)
-    if route is None:
-        return False
-    route(sid, handler)
-    return True
+    if route is not None:
+        route(sid, handler)
 
 
 class Consumer:
@@ -80,9 +64,12 @@ class Consumer:
 
     The broker does not say which request a message answered, so the count asked for is kept in all:
     a message takes one off, a request ending unfilled (408 Request Timeout, 409) takes off the
-    ``Nats-Pending-Messages`` it reports. A request is over once its ``expires`` (and a grace) has
-    passed: filled, or ended by its status. When none is left open, or the connection was re-made (the
-    broker forgets the requests of a connection it lost), nothing is asked for any more. A stopping
+    ``Nats-Pending-Messages`` it reports, or all it asked for when it reports none (a 409 refusing it:
+    the consumer's ``max_waiting`` reached, its leader moved). A request is over once its ``expires``
+    (and a grace) has passed: filled, or ended by its status. When none is left open, or the connection
+    was re-made (the broker forgets the requests of a connection it lost), nothing is asked for any
+    more. Each request asks for at least ``threshold`` messages (a quarter of the slots, in a worker), so
+    a replica keeps a few requests waiting at the broker, not one. A stopping
     worker asks for nothing more; what its open requests still bring (for at most ``expires``) is
     handled like the rest, as `run` returns only once they have ended. (Giving such a message back with
     a nak would not help: the broker hands it straight back to the same open request, each time one
@@ -99,8 +86,9 @@ class Consumer:
         self._seq = 0
         self.asked = 0
         """Messages asked for and not yet delivered, over every open request."""
-        self._open: dict[str, float] = {}
-        """reply subject of each open request -> loop time past which it is over (in the order sent)"""
+        self._open: dict[str, tuple[float, int]] = {}
+        """reply subject of each open request -> the loop time past which it is over (in the order sent)
+        and the messages it asked for"""
         self._slots: Slots | None = None
         self._handle: Callable[[NatsMsg], None] | None = None
         self._threshold = 1
@@ -136,19 +124,19 @@ class Consumer:
             return
         if status == "100":  # a heartbeat
             return
-        was_open = self._open.pop(m.subject, None) is not None
+        request = self._open.pop(m.subject, None)
         pending = (m.headers or {}).get("Nats-Pending-Messages")
         if pending is not None and pending.isdigit():  # counted in `asked` even if taken for over already
             self.asked = max(0, self.asked - int(pending))
-        elif was_open:  # ended without a count (consumer deleted, leadership change): nothing more is sure
+        elif request is not None:  # refused or ended without a count (max_waiting, leader moved, deleted)
             log.debug("pull on %s ended: %s %s", self._next, status, (m.headers or {}).get("Description", ""))
-            self.asked, self._open = 0, {}
-            self._quiet_until = asyncio.get_running_loop().time() + 0.25
+            self.asked = max(0, self.asked - request[1])
+            self._quiet_until = asyncio.get_running_loop().time() + 0.25  # not at once again
         self._wake.set()
 
-    async def run(self, most: int, threshold: int, expires: float = 1.0) -> None:
-        """Keep the free slots asked for, at most ``most`` a request and once ``threshold`` are not (or
-        nothing is asked), until the slots close; then wait for the open requests to end."""
+    async def run(self, threshold: int, expires: float = 1.0) -> None:
+        """Keep the free slots asked for, with a request once ``threshold`` of them are not (or nothing is
+        asked), until the slots close; then wait for the open requests to end."""
         slots = self._slots
         assert slots is not None
         self._threshold = max(1, threshold)
@@ -164,13 +152,13 @@ class Consumer:
                 await asyncio.sleep(self._quiet_until - now)
             elif want >= self._threshold or (want > 0 and not self._open):
                 try:
-                    await self._request(min(want, most), expires, now)
+                    await self._request(want, expires, now)
                 except Exception as exc:  # the broker away for a moment: the client reconnects
                     log.warning("pull on %s failed: %s", self._next, exc)
                     await asyncio.sleep(0.5)
             else:
                 self._wake.clear()
-                wait = next(iter(self._open.values())) - now if self._open else expires
+                wait = next(iter(self._open.values()))[0] - now if self._open else expires
                 timer = loop.call_later(max(0.01, wait), self._wake.set)
                 await self._wake.wait()
                 timer.cancel()
@@ -182,7 +170,7 @@ class Consumer:
     def _expire(self, now: float) -> None:
         """Forget the requests past their end (oldest first: all have the same ``expires``)."""
         while self._open:
-            reply, end = next(iter(self._open.items()))
+            reply, (end, _) = next(iter(self._open.items()))
             if end >= now:
                 return
             del self._open[reply]
@@ -191,7 +179,7 @@ class Consumer:
     async def _request(self, n: int, expires: float, now: float) -> None:
         self._seq += 1
         reply = f"{self._inbox}.{self._seq}"
-        self._open[reply] = now + expires + self.GRACE_S
+        self._open[reply] = (now + expires + self.GRACE_S, n)
         self.asked += n
         self.requests += 1
         await self._nc.publish(self._next, b'{"batch":%d,"expires":%d}' % (n, int(expires * 1e9)), reply=reply)

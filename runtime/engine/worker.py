@@ -75,9 +75,9 @@ class Worker:
     function: Function
     nats_url: str
     concurrency: int = 64
-    batch: int = 32
-    """Most messages one pull request asks for; another is sent once this many slots (or a quarter of
-    ``concurrency``, if fewer) are free beyond what is asked for (runtime/engine/pull.py `Consumer`)."""
+    batch: int | None = None
+    """Fewest messages a pull request asks for: another is sent once this many slots are free beyond
+    those asked for (None: a quarter of ``concurrency``; runtime/engine/pull.py `Consumer`)."""
     roles: list[Role] | None = None
     model_url: str | None = None
     limits: Limits = field(default_factory=Limits.from_env)
@@ -167,8 +167,8 @@ class Worker:
                 self._slots.append(slots)
                 consumer = Consumer(nc, topology.WORK_STREAM, durable)
                 await consumer.start(slots, self._taker(rt, role, slots))
-                threshold = min(self.batch, self.concurrency // 4)
-                loops.append(asyncio.create_task(consumer.run(self.batch, threshold, self.fetch_timeout_s)))
+                threshold = self.batch or self.concurrency // 4
+                loops.append(asyncio.create_task(consumer.run(threshold, self.fetch_timeout_s)))
             if self.janitor:
                 jan = Janitor.from_env(js, self.limits, holder=f"worker-{self.name}-{os.getpid()}-{id(self):x}")
                 loops.append(asyncio.create_task(jan.run(self._stopping)))
