@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 if TYPE_CHECKING:
     from broker.denials import GuardedClient
@@ -139,8 +139,6 @@ async def direct_get_last(js: JetStreamContext, stream: str, subject: str, timeo
     """The last message on ``subject`` by the stream's direct get (any replica may answer), or None."""
     inbox = inbox_of(js)
     if inbox is None:
-        from nats.js.errors import NotFoundError
-
         try:
             msg = await js.get_msg(stream, subject=subject, direct=True)
         except NotFoundError:
