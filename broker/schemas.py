@@ -121,6 +121,8 @@ class Resume(Msg, frozen=True, kw_only=True):
     """The rollout's session key, ``<run_id>.<task_index>.<rollout_index>``."""
     step: Index
     """The session's step counter this message applies to; anything else is stale."""
+    attempt: Index = 0
+    """The rollout's attempt this message belongs to; a message of another attempt is stale."""
 
 
 class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,6 +148,8 @@ class ToEnv(Msg, frozen=True, kw_only=True):
     `CARRY_MAX_BYTES` or the message is a re-emit."""
     rev: int = 0
     """The session's KV revision ``state`` was committed at."""
+    attempt: Index = 0
+    """The rollout's attempt this message belongs to; a message of another attempt is stale."""
 
 
 CARRY_MAX_BYTES = 64 * 1024

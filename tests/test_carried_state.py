@@ -15,7 +15,8 @@ from broker.sessions import SessionStore
 from conftest import MATH_TASKS
 from runtime.engine.environments import handle_tool
 from runtime.engine.records import new_session
-from runtime.engine.transitions import Delivery, Runtime, SessionLost
+from runtime.engine.transitions import Delivery, RolledBack, Runtime, SessionLost
+from runtime.errors import Retry
 from runtime.sdk import Environment, Rollout, Task, tool
 from runtime.testing import Harness, task_rows
 
@@ -63,7 +64,14 @@ async def _at_tools(harness: Harness, run_id: str) -> tuple[Session, int]:
 
 
 def _carrying(s: Session, rev: int) -> Tools:
-    return Tools(session_id=s.session_id, step=s.step, calls=s.pending, state=session_encoder.encode(s), rev=rev)
+    return Tools(
+        session_id=s.session_id,
+        step=s.step,
+        attempt=s.attempt,
+        calls=s.pending,
+        state=session_encoder.encode(s),
+        rev=rev,
+    )
 
 
 async def test_a_first_delivery_takes_the_carried_session_and_a_redelivery_reads_the_bucket(harness: Harness) -> None:
@@ -122,3 +130,39 @@ async def test_a_committed_step_sends_its_session_to_the_environment(harness: Ha
     verify = verify_decoder.decode(raw.data)
     assert verify.rev == stored[1] and verify.state is not None
     assert session_decoder.decode(verify.state) == stored[0]
+
+
+async def test_a_message_of_an_earlier_attempt_is_stale_at_the_same_step(harness: Harness) -> None:
+    """An attempt started over from a rolled-back session can reach the step an earlier attempt's
+    surviving message names: the message's attempt keeps it from being applied there."""
+    e = Env()
+    rt = Runtime(harness.js, harness.store)
+    s, rev = await _at_tools(harness, "attempts")
+    s.attempt = 1
+    rev = await harness.store.update(s, last=rev)
+    older = Tools(session_id=s.session_id, step=s.step, calls=s.pending)  # attempt 0
+    await handle_tool(rt, e.env, older, Delivery(published_at=time.time(), num_delivered=2))
+    unchanged = await harness.store.get(s.session_id)
+    assert e.calls == 0 and unchanged is not None and unchanged[1] == rev
+
+    await handle_tool(rt, e.env, _carrying(s, rev), Delivery(published_at=time.time()))  # attempt 1
+    applied = await harness.store.get(s.session_id)
+    assert e.calls == 1 and applied is not None and (applied[0].step, applied[0].attempt) == (2, 1)
+    raw = await harness.js.get_msg(topology.WORK_STREAM, subject=topology.agent_subject("simple_agent"))
+    assert (raw.headers or {}).get("Nats-Msg-Id") == f"{s.session_id}:2:1"  # the attempt in the dedupe key
+
+
+async def test_a_session_behind_its_message_is_looked_at_again_then_rolled_back(harness: Harness) -> None:
+    """A session the leader shows behind the message in hand lost the write the message followed:
+    the first delivery asks for redelivery, a later one reports the rollback (the worker then
+    starts the rollout over)."""
+    e = Env()
+    rt = Runtime(harness.js, harness.store)
+    s, _ = await _at_tools(harness, "behind")
+    ahead = Tools(session_id=s.session_id, step=s.step + 1, calls=s.pending)
+    with pytest.raises(Retry):
+        await handle_tool(rt, e.env, ahead, Delivery(published_at=time.time()))
+    with pytest.raises(RolledBack) as caught:
+        await handle_tool(rt, e.env, ahead, Delivery(published_at=time.time(), num_delivered=2))
+    assert caught.value.at == s.step and e.calls == 0
+    assert "at step 1, behind its message's step 2" in str(caught.value)

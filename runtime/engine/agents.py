@@ -24,7 +24,7 @@ async def handle_agent(rt: Runtime, agent: Agent, msg: Msg, d: Delivery) -> None
         case Start():
             await _start(rt, agent, msg, d)
         case Resume():
-            await transition(rt, msg.session_id, msg.step, "model", d, lambda s: _turn(rt, agent, s))
+            await transition(rt, msg, "model", d, lambda s: _turn(rt, agent, s))
         case _:
             raise InvalidInput(f"agent {agent.name!r} cannot handle a {type(msg).__name__} message")
 

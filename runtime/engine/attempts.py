@@ -8,11 +8,16 @@ attempt supersedes the old one: its first write replaces the session, so every m
 flight for the old attempt finds a later step and is dropped. The old attempt publishes no Result,
 so the rollout still ends exactly once. Attempts are bounded by the delivery budget
 (``max_deliver``); past it the rollout fails with the kind.
+
+A power cut under a sync interval can do the same to any rollout: the broker keeps a message and
+loses the session write it was emitted after, so the session sits at a step whose message is gone
+(`transitions.RolledBack`). That rollout starts over the same way.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from broker import topology
 from broker.publish import publish
@@ -21,27 +26,31 @@ from runtime.engine.transitions import Runtime
 
 log = logging.getLogger("gymbus.runtime")
 
+Outcome = Literal["started", "moved", "spent", "lost"]
+
 NEW_ATTEMPT_KINDS: frozenset[FailureKind] = frozenset({"env_lost"})
 """Kinds that, when the rollout's policy retries them, start the rollout over instead of redelivering."""
 
 
-async def start_over(rt: Runtime, sid: str, step: int | None, reason: str, budget: int) -> bool:
-    """Publish the rollout's next attempt; False when its attempts are spent (then fail it).
+async def start_over(rt: Runtime, sid: str, step: int | None, reason: str, budget: int) -> Outcome:
+    """Publish the rollout's next attempt if the session is still at ``step`` (any step if None).
 
-    True also when there is nothing to do: the message is stale (the session moved on or ended),
-    or the next attempt was already published by an earlier delivery of this message."""
+    ``started`` also when an earlier delivery of this message published it already (the Start's id
+    is the stream's dedupe key); ``moved`` when the session went on or ended since the message
+    looked at it; ``spent`` when its attempts are spent and ``lost`` when the session is gone (then
+    fail it)."""
     loaded = await rt.store.get(sid)
     if loaded is None:
-        return False
+        return "lost"
     s, _ = loaded
     if s.phase == "done" or (step is not None and s.step != step):
-        return True
+        return "moved"
     if s.attempt + 1 >= budget:
-        return False
+        return "spent"
     start = next_attempt(s)
-    log.warning("%s: attempt %d lost its environment (%s); starting attempt %d", sid, s.attempt, reason, start.attempt)
+    log.warning("%s: attempt %d cannot go on (%s); starting attempt %d", sid, s.attempt, reason, start.attempt)
     await publish(rt.js, topology.agent_subject(s.agent), start, f"{sid}:start:{start.attempt}", s.headers or None)
-    return True
+    return "started"
 
 
 def next_attempt(s: Session) -> Start:

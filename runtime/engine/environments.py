@@ -24,9 +24,9 @@ log = logging.getLogger("gymbus.runtime")
 async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
     match msg:
         case Seed():
-            await transition(rt, msg.session_id, msg.step, "seed", d, lambda s: _seed(rt, env, s), msg)
+            await transition(rt, msg, "seed", d, lambda s: _seed(rt, env, s))
         case Tools():
-            await transition(rt, msg.session_id, msg.step, "tools", d, lambda s: _tools(rt, env, s), msg)
+            await transition(rt, msg, "tools", d, lambda s: _tools(rt, env, s))
         case _:
             raise InvalidInput(f"environment {env.name!r} tools cannot handle a {type(msg).__name__} message")
 
@@ -34,7 +34,7 @@ async def handle_tool(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> N
 async def handle_verify(rt: Runtime, env: Environment, msg: Msg, d: Delivery) -> None:
     if not isinstance(msg, Verify):
         raise InvalidInput(f"environment {env.name!r} verifier cannot handle a {type(msg).__name__} message")
-    await transition(rt, msg.session_id, msg.step, "verify", d, lambda s: _verify(rt, env, s), msg)
+    await transition(rt, msg, "verify", d, lambda s: _verify(rt, env, s))
 
 
 async def _seed(rt: Runtime, env: Environment, s: Session) -> None:

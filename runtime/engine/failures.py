@@ -95,7 +95,8 @@ async def _fail_once(rt: Runtime, msg: Msg, kind: FailureKind, reason: str, d: D
                 return True
             if msg.attempt > s.attempt:
                 s = new_session_or_stub(msg, d, s.step)
-        elif s.step != step or s.phase == "done":  # moved on without this message, or already ended
+        elif s.step != step or s.attempt != getattr(msg, "attempt", 0) or s.phase == "done":
+            # moved on without this message (or it is an earlier attempt's), or already ended
             await rt.reemit_if(sid, (step or 0) + 1)
             return True
     end(s, build_result(s, failure=(kind, reason)))

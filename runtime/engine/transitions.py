@@ -79,7 +79,7 @@ class Runtime:
         """Publish the one message the session's committed state calls for; ``carry`` is the record
         just committed and its revision, for a message to an environment to carry (see `ToEnv`)."""
         subject, msg = next_message(s, carry)
-        await publish(self.js, subject, msg, f"{s.session_id}:{s.step}", s.headers or None)
+        await publish(self.js, subject, msg, message_id(s), s.headers or None)
 
     async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
         """Apply the transition (step + 1) by CAS and emit its message; False if another worker won."""
@@ -109,19 +109,28 @@ class Runtime:
             await self.emit(loaded[0])
 
 
+def message_id(s: Session) -> str:
+    """The stream's dedupe key of the message the session's state calls for: ``<session>:<step>``, and
+    ``:<attempt>`` after it from the second attempt on (an attempt started over from a rolled-back
+    session can reach the steps an earlier attempt's surviving messages carry)."""
+    return f"{s.session_id}:{s.step}" if s.attempt == 0 else f"{s.session_id}:{s.step}:{s.attempt}"
+
+
+Step = Resume | Seed | Tools | Verify
+"""A message that applies to one step of one attempt of a session."""
+
 Work = Callable[[Session], Awaitable[None]]
 """What a handler does inside a transition: change the loaded session, including its next ``phase``."""
 
 
-async def transition(
-    rt: Runtime, sid: str, step: int, phase: Phase, d: Delivery, work: Work, msg: ToEnv | None = None
-) -> None:
-    """Load the session, and if ``step`` in ``phase`` applies to it now, do ``work`` within the step's
-    deadline and commit it (step + 1) by compare-and-set, emitting the message that follows. A first
-    delivery of ``msg`` carrying its session skips the read (see `ToEnv`)."""
-    loaded = from_msg = carried(msg, step, phase, d)
+async def transition(rt: Runtime, msg: Step, phase: Phase, d: Delivery, work: Work) -> None:
+    """Load the session, and if ``msg`` (its step, in ``phase``, of its attempt) applies to it now, do
+    ``work`` within the step's deadline and commit it (step + 1) by compare-and-set, emitting the
+    message that follows. A first delivery of a message carrying its session skips the read (see `ToEnv`)."""
+    sid = msg.session_id
+    loaded = from_msg = carried(msg, phase, d)
     if loaded is None:
-        loaded = await load_at(rt, sid, step, phase)
+        loaded = await load_at(rt, msg, phase, d)
     if loaded is None:
         return
     s, rev = loaded
@@ -132,36 +141,50 @@ async def transition(
         raise SessionLost(sid)  # the carried session's key expired or was purged: as `load_at` would say
 
 
-def carried(msg: ToEnv | None, step: int, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
+def carried(msg: Step, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
     """The session a message carries, if this is its first delivery and the session is at its step.
 
     A redelivery reads the bucket instead: its first delivery may have committed the step already,
     and the bucket says so before any work is redone."""
-    if msg is None or msg.state is None or d.num_delivered > 1:
+    if not isinstance(msg, ToEnv) or msg.state is None or d.num_delivered > 1:
         return None
     s = session_decoder.decode(msg.state)
-    return (s, msg.rev) if s.step == step and s.phase == phase else None
+    return (s, msg.rev) if (s.attempt, s.step, s.phase) == (msg.attempt, msg.step, phase) else None
 
 
-async def load_at(rt: Runtime, sid: str, step: int, phase: Phase) -> tuple[Session, int] | None:
-    """The session if ``step`` applies to it now; otherwise re-emit if needed and return None."""
+async def load_at(rt: Runtime, msg: Step, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
+    """The session if ``msg`` applies to it now; otherwise re-emit if needed and return None.
+
+    Steps are compared within an attempt, and a later attempt is ahead of every step of an earlier
+    one. A session the leader shows behind its message lost the write that message was emitted
+    after: a power cut under a sync interval kept the message and not the write. The first delivery
+    asks for another look a second later; a later delivery that finds it still behind raises
+    `RolledBack`, and the worker starts the rollout over as a new attempt (runtime/engine/attempts.py)."""
+    sid, step, at = msg.session_id, msg.step, (msg.attempt, msg.step)
     loaded = await rt.store.get(sid, any_replica=True)
-    if loaded is None or loaded[0].step < step:
+    if loaded is None or (loaded[0].attempt, loaded[0].step) < at:
         # The message was emitted after its step's write was acknowledged, so a session behind it was
         # read from a replica that has not applied that write yet: ask the leader.
         loaded = await rt.store.get(sid)
     if loaded is None:
         raise SessionLost(sid)
     s, rev = loaded
-    if s.step == step and s.phase == phase:
+    now = (s.attempt, s.step)
+    if now == at and s.phase == phase:
         return s, rev
-    if s.step == step + 1:
+    if now == (msg.attempt, step + 1):
         await rt.emit(s)  # our transition is committed; the message after it may have been lost
-    elif s.step == step:
+    elif now == at:
         log.error("session %s step %d is in phase %s, not %s: message dropped", sid, step, s.phase, phase)
-    elif s.step < step:
-        raise Retry(reason=f"session {sid} is at step {s.step}, behind its message's step {step}")
+    elif now < at:
+        if d.num_delivered < 2:
+            raise Retry(reason=f"session {sid} is at {_where(*now)}, behind its message's {_where(*at)}")
+        raise RolledBack(sid, s.step, f"{_where(*now)}, behind its message's {_where(*at)}")
     return None
+
+
+def _where(attempt: int, step: int) -> str:
+    return f"step {step}" if attempt == 0 else f"step {step} of attempt {attempt}"
 
 
 def advance(s: Session, d: Delivery, started: float) -> None:
@@ -179,17 +202,20 @@ def next_message(s: Session, carry: tuple[bytes, int] | None = None) -> tuple[st
     """The message the session's state calls for. An environment's message carries ``carry`` (the
     record and revision just committed); an agent's never does: starts share its subject, so a
     submitter could forge one (broker/auth.py), while only workers publish to environments."""
-    sid, step = s.session_id, s.step
+    sid, step, a = s.session_id, s.step, s.attempt
     state, rev = carry or (None, 0)
     match s.phase:
         case "seed":
-            return topology.tool_subject(s.env), Seed(session_id=sid, step=step, state=state, rev=rev)
+            return topology.tool_subject(s.env), Seed(session_id=sid, step=step, attempt=a, state=state, rev=rev)
         case "model":
-            return topology.agent_subject(s.agent), Resume(session_id=sid, step=step)
+            return topology.agent_subject(s.agent), Resume(session_id=sid, step=step, attempt=a)
         case "tools":
-            return topology.tool_subject(s.env), Tools(session_id=sid, step=step, calls=s.pending, state=state, rev=rev)
+            calls = s.pending
+            return topology.tool_subject(s.env), Tools(
+                session_id=sid, step=step, attempt=a, calls=calls, state=state, rev=rev
+            )
         case "verify":
-            return topology.verify_subject(s.env), Verify(session_id=sid, step=step, state=state, rev=rev)
+            return topology.verify_subject(s.env), Verify(session_id=sid, step=step, attempt=a, state=state, rev=rev)
         case "done":
             assert s.result is not None
             return topology.result_subject(s.run_id), s.result
@@ -224,6 +250,22 @@ class SessionLost(GymError):
     def __init__(self, sid: str) -> None:
         super().__init__(f"session {sid} is missing from the sessions bucket (expired or purged)")
         self.sid = sid
+
+
+class RolledBack(GymError):
+    """The session is behind the message in hand on a second look: the write the message was emitted
+    after is gone (a broker's power cut under a sync interval). Nothing left runs the step the session
+    is at, so the rollout starts over as a new attempt."""
+
+    kind = "internal"
+    retry = False
+
+    def __init__(self, sid: str, at: int, where: str) -> None:
+        super().__init__(
+            f"session {sid} is at {where} on a second look: "
+            "the broker lost the write that message was emitted after (a power cut under a sync interval)"
+        )
+        self.sid, self.at = sid, at
 
 
 Handler = Callable[[Runtime, Any, Msg, Delivery], Awaitable[None]]

@@ -49,7 +49,7 @@ from runtime.engine.inline import Verifiers, inline_from_env
 from runtime.engine.janitor import Janitor
 from runtime.engine.metrics import HttpServer, WorkerMetrics
 from runtime.engine.pull import Consumer, Slots
-from runtime.engine.transitions import Delivery, Handler, Runtime
+from runtime.engine.transitions import Delivery, Handler, RolledBack, Runtime
 from runtime.errors import RETRIED_KINDS, GymError, Retry
 from runtime.model.client import Endpoints, ModelClient
 from runtime.sdk import Agent, Function
@@ -234,6 +234,8 @@ class Worker:
                 await handle(rt, self.function, msg, d)
             except Retry as exc:
                 await self._retry_or_fail(rt, m, role, msg, "internal", exc.reason, d, True, exc.delay)
+            except RolledBack as exc:
+                await self._start_over(rt, m, role, msg, exc, d)
             except GymError as exc:
                 retry = exc.retry if exc.retry is not None else await self._retried(rt, msg, exc.kind)
                 await self._retry_or_fail(rt, m, role, msg, exc.kind, exc.reason, d, retry)
@@ -294,7 +296,7 @@ class Worker:
         delay: float | None = None,
     ) -> None:
         if retry and kind in NEW_ATTEMPT_KINDS and (sid := sid_of(msg)) is not None:
-            if await start_over(rt, sid, step_of(msg), reason, self.limits.max_deliver):
+            if await start_over(rt, sid, step_of(msg), reason, self.limits.max_deliver) in ("started", "moved"):
                 self.stats["retried"] += 1
                 spans.settled("retry", kind, reason)
                 await m.ack()
@@ -312,6 +314,24 @@ class Worker:
         self.stats[f"failed:{kind}"] += 1
         spans.settled("fail", kind, reason)
         await m.term()
+
+    async def _start_over(self, rt: Runtime, m: NatsMsg, role: Role, msg: Msg, exc: RolledBack, d: Delivery) -> None:
+        """Start a rolled-back rollout over; if its session moved in the meantime (the lost step was
+        redone), take the message again at once, as it may apply now."""
+        outcome = await start_over(rt, exc.sid, exc.at, exc.reason, self.limits.max_deliver)
+        if outcome == "moved":
+            spans.settled("retry", exc.kind, "the session moved since it was found behind")
+            await m.nak()
+            return
+        if outcome == "started":
+            self.stats["restarted:rolled_back"] += 1
+            spans.settled("retry", exc.kind, exc.reason)
+            await m.ack()
+            return
+        reason = (
+            f"{exc.reason} (gave up after {self.limits.max_deliver} attempts)" if outcome == "spent" else exc.reason
+        )
+        await self._retry_or_fail(rt, m, role, msg, exc.kind, reason, d, False)
 
     async def _reject(self, rt: Runtime, m: NatsMsg, role: Role, exc: msgspec.DecodeError, d: Delivery) -> None:
         """A message that does not decode is permanent: dead-letter it and fail its rollout if it names one."""
