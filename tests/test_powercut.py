@@ -44,4 +44,6 @@ def test_sync_interval_ends_every_rollout_once(tmp_path: Path) -> None:
     assert t.ok, t.problems
     assert t.cuts, "no cut landed while the run was going"
     assert sum(t.outcomes.values()) == t.rollouts
-    assert set(t.outcomes) <= {"reward", "timeout"}
+    # internal: a session whose first write was lost while the message after it survived ("missing
+    # from the sessions bucket"); timeout: a rollout past rollout_timeout_s across the cuts and restarts
+    assert set(t.outcomes) <= {"reward", "internal", "timeout"}

@@ -248,7 +248,10 @@ class SessionLost(GymError):
     retry = False
 
     def __init__(self, sid: str) -> None:
-        super().__init__(f"session {sid} is missing from the sessions bucket (expired or purged)")
+        super().__init__(
+            f"session {sid} is missing from the sessions bucket (expired, purged, or its first write lost "
+            "to a power cut under a sync interval)"
+        )
         self.sid = sid
 
 
