@@ -210,10 +210,8 @@ def next_message(s: Session, carry: tuple[bytes, int] | None = None) -> tuple[st
         case "model":
             return topology.agent_subject(s.agent), Resume(session_id=sid, step=step, attempt=a)
         case "tools":
-            calls = s.pending
-            return topology.tool_subject(s.env), Tools(
-                session_id=sid, step=step, attempt=a, calls=calls, state=state, rev=rev
-            )
+            tools = Tools(session_id=sid, step=step, attempt=a, calls=s.pending, state=state, rev=rev)
+            return topology.tool_subject(s.env), tools
         case "verify":
             return topology.verify_subject(s.env), Verify(session_id=sid, step=step, attempt=a, state=state, rev=rev)
         case "done":
