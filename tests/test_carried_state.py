@@ -109,13 +109,34 @@ async def test_a_stale_carried_session_loses_its_compare_and_set(harness: Harnes
 
 
 async def test_a_carried_session_whose_key_is_gone_is_lost_not_dropped(harness: Harness) -> None:
+    """Gone while the message is fresh: no other copy of it could have taken the session on, so the
+    session was lost whole (a power cut) and the rollout starts over from the carried one. Gone after
+    the duplicate window: it may have finished and expired, so the rollout is not started again."""
     e = Env()
     rt = Runtime(harness.js, harness.store)
     s, rev = await _at_tools(harness, "gone")
     msg = _carrying(s, rev)
     await harness.store.delete(s.session_id)
-    with pytest.raises(SessionLost):
+    with pytest.raises(RolledBack) as caught:
         await handle_tool(rt, e.env, msg, Delivery(published_at=time.time()))
+    assert caught.value.session == s and "is gone though its message carried it" in str(caught.value)
+    with pytest.raises(SessionLost):
+        await handle_tool(rt, e.env, msg, Delivery(published_at=time.time() - rt.dedupe_s - 1))
+
+
+async def test_a_carried_session_that_loses_its_compare_and_set_is_read_from_the_bucket(harness: Harness) -> None:
+    """The bucket holds the session at the message's step under another revision (its write was
+    redone after a power cut): the step is applied to the bucket's session, not dropped."""
+    e = Env()
+    rt = Runtime(harness.js, harness.store)
+    s, rev = await _at_tools(harness, "redone")
+    msg = _carrying(s, rev)
+    again = await harness.store.update(s, last=rev)  # the same step, written again
+    await handle_tool(rt, e.env, msg, Delivery(published_at=time.time()))
+    loaded = await harness.store.get(s.session_id)
+    assert loaded is not None and loaded[1] > again and (loaded[0].step, loaded[0].phase) == (2, "model")
+    assert e.calls == 2  # once on the carried session (refused), once on the bucket's (committed)
+    assert [i["output"] for i in loaded[0].items if i.get("type") == "function_call_output"] == ["2"]
 
 
 async def test_a_committed_step_sends_its_session_to_the_environment(harness: Harness) -> None:

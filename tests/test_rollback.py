@@ -59,3 +59,26 @@ async def test_a_rolled_back_step_whose_message_survived_starts_the_rollout_over
     assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("rollback")) == 1
     assert await h.pending(topology.agent_subject("simple_agent")) == 0
     assert await h.pending(topology.tool_subject("math")) == 0
+
+
+async def test_a_session_lost_whole_while_its_message_survived_starts_the_rollout_over(harness: Harness) -> None:
+    """Every write of the session is lost, its Start's ack is kept and the Tools message after its
+    first write survived: the message carried the session, so the rollout starts over from it."""
+    h = harness
+    await h.simulate(fs.MATH_TASKS, accuracy=1.0)
+    [start] = fs.starts("lostwhole", 1, rollout_timeout_s=600.0)
+    sid = "lostwhole.0.0"
+    await register(h.js, load("math"))
+    await h.worker("simple_agent", janitor=False)
+    await h.submit(start)
+    await wait_for_step(h, sid, 1)  # step 1 committed, Tools(1) published carrying it
+    await h.stop_workers()
+    await h.js.purge_stream(KV, subject=f"$KV.{topology.SESSIONS}.{sid}")  # the cut: the key never written
+    assert await h.session(sid) is None and await h.pending(topology.tool_subject("math")) == 1
+
+    await h.worker("simple_agent", janitor=False)
+    await h.worker("math", janitor=False)
+    [result] = await h.results("lostwhole", 1, timeout=30)
+    assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 1, result
+    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("lostwhole")) == 1
+    assert await h.pending(topology.tool_subject("math")) == 0

@@ -32,18 +32,22 @@ NEW_ATTEMPT_KINDS: frozenset[FailureKind] = frozenset({"env_lost"})
 """Kinds that, when the rollout's policy retries them, start the rollout over instead of redelivering."""
 
 
-async def start_over(rt: Runtime, sid: str, step: int | None, reason: str, budget: int) -> Outcome:
-    """Publish the rollout's next attempt if the session is still at ``step`` (any step if None).
+async def start_over(
+    rt: Runtime, sid: str, step: int | None, reason: str, budget: int, gone: Session | None = None
+) -> Outcome:
+    """Publish the rollout's next attempt if the session is still at ``step`` (any step if None);
+    if the session is gone, from ``gone`` (the session as a message carried it), if given.
 
     ``started`` also when an earlier delivery of this message published it already (the Start's id
     is the stream's dedupe key); ``moved`` when the session went on or ended since the message
     looked at it; ``spent`` when its attempts are spent and ``lost`` when the session is gone (then
     fail it)."""
     loaded = await rt.store.get(sid)
-    if loaded is None:
+    if loaded is None and gone is None:
         return "lost"
-    s, _ = loaded
-    if s.phase == "done" or (step is not None and s.step != step):
+    s = loaded[0] if loaded is not None else gone
+    assert s is not None
+    if loaded is not None and (s.phase == "done" or (step is not None and s.step != step) or gone is not None):
         return "moved"
     if s.attempt + 1 >= budget:
         return "spent"

@@ -74,6 +74,8 @@ class Runtime:
     """Environments an agent worker verifies in its own turn (runtime/engine/inline.py)."""
     done_ttl_s: float = topology.DEFAULT_LIMITS.done_ttl_s
     """How long a finished session stays in KV (so late duplicates find it done), then expires."""
+    dedupe_s: float = topology.DEFAULT_LIMITS.work_dedupe_s
+    """The work stream's duplicate window: no second copy of a message is stored within it."""
 
     async def emit(self, s: Session, carry: tuple[bytes, int] | None = None) -> None:
         """Publish the one message the session's committed state calls for; ``carry`` is the record
@@ -126,19 +128,43 @@ Work = Callable[[Session], Awaitable[None]]
 async def transition(rt: Runtime, msg: Step, phase: Phase, d: Delivery, work: Work) -> None:
     """Load the session, and if ``msg`` (its step, in ``phase``, of its attempt) applies to it now, do
     ``work`` within the step's deadline and commit it (step + 1) by compare-and-set, emitting the
-    message that follows. A first delivery of a message carrying its session skips the read (see `ToEnv`)."""
-    sid = msg.session_id
-    loaded = from_msg = carried(msg, phase, d)
-    if loaded is None:
+    message that follows. A first delivery of a message carrying its session skips the read (see `ToEnv`);
+    if the carried session then loses its compare-and-set, the bucket decides, as for a redelivery,
+    and a session gone from it while its message is fresh was lost whole (`lost_whole`)."""
+    from_msg = carried(msg, phase, d)
+    if from_msg is not None:
+        if await _apply(rt, *from_msg, d, work, reemit=False):
+            return
+        # The carried session lost its compare-and-set: the bucket decides, as for a redelivery.
+        try:
+            loaded = await load_at(rt, msg, phase, d)
+        except SessionLost:
+            if isinstance(msg, ToEnv) and msg.state is not None and lost_whole(rt, d):
+                raise RolledBack(msg.session_id, msg.step, "gone", session_decoder.decode(msg.state)) from None
+            raise
+    else:
         loaded = await load_at(rt, msg, phase, d)
-    if loaded is None:
-        return
-    s, rev = loaded
+    if loaded is not None:
+        await _apply(rt, *loaded, d, work)
+
+
+async def _apply(rt: Runtime, s: Session, rev: int, d: Delivery, work: Work, *, reemit: bool = True) -> bool:
+    """Do ``work`` on the session within the step's deadline and commit it; False if another worker won."""
     started = time.perf_counter()
     async with deadline(s):
         await work(s)
-    if not await rt.commit(s, rev, d, started) and from_msg and await rt.store.get(sid) is None:
-        raise SessionLost(sid)  # the carried session's key expired or was purged: as `load_at` would say
+    advance(s, d, started)
+    return await rt.write(s, rev, reemit=reemit)
+
+
+def lost_whole(rt: Runtime, d: Delivery) -> bool:
+    """Whether a session missing for the first delivery of a message that carried it was lost whole
+    (a power cut under a sync interval took its every write) rather than finished and expired.
+
+    The message was published right after its session's write, and within the duplicate window no
+    other copy of it can be stored, so nothing else could have taken the session past it: finishing
+    and then expiring ``done_ttl_s`` later needs more time than has passed since."""
+    return d.received_at - d.published_at < min(rt.dedupe_s, rt.done_ttl_s)
 
 
 def carried(msg: Step, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
@@ -254,19 +280,21 @@ class SessionLost(GymError):
 
 
 class RolledBack(GymError):
-    """The session is behind the message in hand on a second look: the write the message was emitted
-    after is gone (a broker's power cut under a sync interval). Nothing left runs the step the session
-    is at, so the rollout starts over as a new attempt."""
+    """The session is behind the message in hand on a second look, or gone while the message carried
+    it: the write the message was emitted after is lost (a broker's power cut under a sync interval).
+    Nothing left runs the step the session is at, so the rollout starts over as a new attempt, from
+    the session in the bucket or, when it is gone, from the one the message carried (``session``)."""
 
     kind = "internal"
     retry = False
 
-    def __init__(self, sid: str, at: int, where: str) -> None:
+    def __init__(self, sid: str, at: int, where: str, session: Session | None = None) -> None:
+        what = f"is at {where} on a second look" if session is None else "is gone though its message carried it"
         super().__init__(
-            f"session {sid} is at {where} on a second look: "
-            "the broker lost the write that message was emitted after (a power cut under a sync interval)"
+            f"session {sid} {what}: the broker lost the write that message was emitted after "
+            "(a power cut under a sync interval)"
         )
-        self.sid, self.at = sid, at
+        self.sid, self.at, self.session = sid, at, session
 
 
 Handler = Callable[[Runtime, Any, Msg, Delivery], Awaitable[None]]

@@ -159,6 +159,7 @@ class Worker:
                 admission=admission,
                 verifiers=Verifiers(admission) if isinstance(self.function, Agent) and self.verify_inline else None,
                 done_ttl_s=self.limits.done_ttl_s,
+                dedupe_s=self.limits.work_dedupe_s,
             )
             loops = []
             for role in self.roles or roles_of(self.function):
@@ -318,7 +319,7 @@ class Worker:
     async def _start_over(self, rt: Runtime, m: NatsMsg, role: Role, msg: Msg, exc: RolledBack, d: Delivery) -> None:
         """Start a rolled-back rollout over; if its session moved in the meantime (the lost step was
         redone), take the message again at once, as it may apply now."""
-        outcome = await start_over(rt, exc.sid, exc.at, exc.reason, self.limits.max_deliver)
+        outcome = await start_over(rt, exc.sid, exc.at, exc.reason, self.limits.max_deliver, exc.session)
         if outcome == "moved":
             spans.settled("retry", exc.kind, "the session moved since it was found behind")
             await m.nak()
