@@ -43,12 +43,14 @@ async def start_over(
     looked at it; ``spent`` when its attempts are spent and ``lost`` when the session is gone (then
     fail it)."""
     loaded = await rt.store.get(sid)
-    if loaded is None and gone is None:
+    if loaded is not None:
+        s = loaded[0]
+        if gone is not None or s.phase == "done" or (step is not None and s.step != step):
+            return "moved"  # written since the message looked (a session that was gone is back)
+    elif gone is None:
         return "lost"
-    s = loaded[0] if loaded is not None else gone
-    assert s is not None
-    if loaded is not None and (s.phase == "done" or (step is not None and s.step != step) or gone is not None):
-        return "moved"
+    else:
+        s = gone
     if s.attempt + 1 >= budget:
         return "spent"
     start = next_attempt(s)

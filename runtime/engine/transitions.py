@@ -83,10 +83,10 @@ class Runtime:
         subject, msg = next_message(s, carry)
         await publish(self.js, subject, msg, message_id(s), s.headers or None)
 
-    async def commit(self, s: Session, rev: int, d: Delivery, started: float) -> bool:
+    async def commit(self, s: Session, rev: int, d: Delivery, started: float, *, reemit: bool = True) -> bool:
         """Apply the transition (step + 1) by CAS and emit its message; False if another worker won."""
         advance(s, d, started)
-        return await self.write(s, rev)
+        return await self.write(s, rev, reemit=reemit)
 
     async def write(self, s: Session, rev: int, *, reemit: bool = True) -> bool:
         """Store an advanced session by CAS on ``rev`` and emit its message; False if another worker won
@@ -140,7 +140,7 @@ async def transition(rt: Runtime, msg: Step, phase: Phase, d: Delivery, work: Wo
             loaded = await load_at(rt, msg, phase, d)
         except SessionLost:
             if isinstance(msg, ToEnv) and msg.state is not None and lost_whole(rt, d):
-                raise RolledBack(msg.session_id, msg.step, "gone", session_decoder.decode(msg.state)) from None
+                raise RolledBack(msg.session_id, msg.step, session=session_decoder.decode(msg.state)) from None
             raise
     else:
         loaded = await load_at(rt, msg, phase, d)
@@ -153,8 +153,7 @@ async def _apply(rt: Runtime, s: Session, rev: int, d: Delivery, work: Work, *, 
     started = time.perf_counter()
     async with deadline(s):
         await work(s)
-    advance(s, d, started)
-    return await rt.write(s, rev, reemit=reemit)
+    return await rt.commit(s, rev, d, started, reemit=reemit)
 
 
 def lost_whole(rt: Runtime, d: Delivery) -> bool:
@@ -288,7 +287,7 @@ class RolledBack(GymError):
     kind = "internal"
     retry = False
 
-    def __init__(self, sid: str, at: int, where: str, session: Session | None = None) -> None:
+    def __init__(self, sid: str, at: int, where: str = "", session: Session | None = None) -> None:
         what = f"is at {where} on a second look" if session is None else "is gone though its message carried it"
         super().__init__(
             f"session {sid} {what}: the broker lost the write that message was emitted after "
