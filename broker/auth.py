@@ -11,13 +11,15 @@ can read another's replies, pulled messages included.
     identity          may
     admin             everything (`gymbus init`: streams, buckets, consumers)
     agent-<A>         pull and ack its consumer; read and write sessions; read the models bucket;
-                      publish the tool and verify messages of the deployment's environments, Results,
+                      publish the tool and verify messages of the deployment's environments, its own
+                      Resumes (an agent that steps again) and Starts (a rollout started over), Results,
                       and its own dead letters; register itself and read the environments' registrations
                       (KV functions) and the environments' tool consumers; read run manifests (defaults)
     env-<E>           pull and ack its tool and verify consumers; read and write sessions; publish
-                      the deployment's agents' Resumes, Results and its own dead letters; register
-                      itself (KV functions); read run manifests (defaults)
-    submitter         publish Starts to the deployment's agents and run manifests; read Results,
+                      the deployment's agents' Resumes and Starts (a rollout started over), Results
+                      and its own dead letters; register itself (KV functions); read run manifests
+    submitter         publish Starts to the deployment's agents (never Resumes: a Resume carries a
+                      session, which only a worker may vouch for) and run manifests; read Results,
                       sessions and run manifests (what `gymbus submit` and `collect --nats` do);
                       publish failed Results for task rows it cannot submit
     profiler          pull and ack the results stream's profiler consumer; read Results and run
@@ -105,6 +107,8 @@ def agent_worker(agent: str, envs: list[str]) -> Identity:
             *_read(f"KV_{topology.MODELS}"),
             *_follow(f"KV_{topology.MODELS}"),
             *work,
+            topology.agent_subject(agent),
+            topology.resume_subject(agent),
             "gym.result.*",
             topology.dead_subject(agent),
             *_RUNS_READ,
@@ -123,7 +127,7 @@ def env_worker(env: str, agents: list[str]) -> Identity:
             *_pull(topology.WORK_STREAM, topology.durable("tool", env)),
             *_pull(topology.WORK_STREAM, topology.durable("verify", env)),
             *_SESSIONS_RW,
-            *(topology.agent_subject(a) for a in agents),
+            *(subject for a in agents for subject in (topology.agent_subject(a), topology.resume_subject(a))),
             "gym.result.*",
             topology.dead_subject(env),
             *_RUNS_READ,

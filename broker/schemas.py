@@ -114,17 +114,6 @@ class Start(Msg, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Limits and model options for this rollout; a field left out takes the run's default."""
 
 
-class Resume(Msg, frozen=True, kw_only=True):
-    """Tool outputs of the previous turn are committed: run the agent turn at ``step``."""
-
-    session_id: SessionId
-    """The rollout's session key, ``<run_id>.<task_index>.<rollout_index>``."""
-    step: Index
-    """The session's step counter this message applies to; anything else is stale."""
-    attempt: Index = 0
-    """The rollout's attempt this message belongs to; a message of another attempt is stale."""
-
-
 class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
     """One tool call the model asked for (a Responses ``function_call`` item)."""
 
@@ -136,12 +125,14 @@ class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
     """Arguments as the model wrote them: a JSON string, not yet validated."""
 
 
-class ToEnv(Msg, frozen=True, kw_only=True):
-    """A message to an environment, which may carry the session it applies to.
+class Carrier(Msg, frozen=True, kw_only=True):
+    """A message a worker publishes right after committing a step, which may carry the session it
+    applies to.
 
-    The publisher just committed that session, so on a first delivery the environment worker takes it
-    from the message instead of reading the sessions bucket; its compare-and-set on ``rev`` is the
-    fence either way. A redelivery, or a message without ``state``, reads the bucket."""
+    The publisher just committed that session, so on a first delivery the worker takes it from the
+    message instead of reading the sessions bucket; its compare-and-set on ``rev`` is the fence
+    either way. A redelivery, or a message without ``state``, reads the bucket. Only workers may
+    publish on the subjects these travel (broker/auth.py), so a submitter cannot forge a state."""
 
     state: bytes | None = None
     """The session as committed at ``rev`` (msgpack, base64 in JSON); absent when it is over
@@ -150,6 +141,20 @@ class ToEnv(Msg, frozen=True, kw_only=True):
     """The session's KV revision ``state`` was committed at."""
     attempt: Index = 0
     """The rollout's attempt this message belongs to; a message of another attempt is stale."""
+
+
+class Resume(Carrier, frozen=True, kw_only=True):
+    """Tool outputs of the previous turn are committed: run the agent turn at ``step``. Published to
+    ``gym.agent.<agent>.resume``, a subject only workers may publish to."""
+
+    session_id: SessionId
+    """The rollout's session key, ``<run_id>.<task_index>.<rollout_index>``."""
+    step: Index
+    """The session's step counter this message applies to; anything else is stale."""
+
+
+class ToEnv(Carrier, frozen=True, kw_only=True):
+    """A message to an environment (``gym.tool.<env>``, ``gym.verify.<env>``)."""
 
 
 CARRY_MAX_BYTES = 64 * 1024
@@ -331,7 +336,7 @@ class Session(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 AgentMsg = Start | Resume
-"""What ``gym.agent.<agent>`` carries."""
+"""What the agent's consumer takes: Starts from ``gym.agent.<agent>``, Resumes from ``gym.agent.<agent>.resume``."""
 ToolMsg = Seed | Tools
 """What ``gym.tool.<env>`` carries."""
 VerifyMsg = Verify

@@ -1,6 +1,8 @@
 """The whole event protocol on one screen: streams, subjects, durable consumers and KV buckets.
 
-    gym.agent.<agent>    Start | Resume     -> the agent's step            (stream GYM_WORK, work queue)
+    gym.agent.<agent>    Start              -> the agent's first step      (stream GYM_WORK, work queue)
+    gym.agent.<agent>.resume
+                         Resume             -> the agent's next step       (only workers publish here)
     gym.tool.<env>       Seed | Tools       -> the environment's tools     (stream GYM_WORK, work queue)
     gym.verify.<env>     Verify             -> the environment's verifier  (stream GYM_WORK, work queue)
     gym.result.<run_id>  Result             -> collectors, the profiler    (stream GYM_RESULTS, kept)
@@ -14,7 +16,8 @@
     KV functions agent.<name>, env.<name>    each function as its workers registered it (broker/functions.py)
     KV sandboxes <pool>.<slot>               fleet-wide sandbox admission: one leased key per running sandbox
 
-Every function has one durable pull consumer per subject, shared by all its replicas; the profiler
+Every function has one durable pull consumer per subject, shared by all its replicas (an agent's
+takes both of its subjects); the profiler
 has one on the results stream (``profiler``, all of ``gym.result.>``).
 `ensure` creates all of it and is idempotent.
 """
@@ -60,7 +63,17 @@ Role = Literal["agent", "tool", "verify"]
 
 
 def agent_subject(agent: str) -> str:
+    """Where Starts go: submitters publish here."""
     return f"gym.agent.{agent}"
+
+
+def resume_subject(agent: str) -> str:
+    """Where the agent's later steps go. Only workers may publish here (broker/auth.py), so a Resume
+    may carry the session it follows, as a message to an environment does (broker/schemas.py `Carrier`)."""
+    return f"gym.agent.{agent}{RESUME_SUFFIX}"
+
+
+RESUME_SUFFIX = ".resume"
 
 
 def tool_subject(env: str) -> str:
@@ -94,6 +107,17 @@ def profile_key(run_id: str) -> str:
 
 def subject(role: Role, name: str) -> str:
     return f"gym.{role}.{name}"
+
+
+def subjects(role: Role, name: str) -> list[str]:
+    """Every subject the durable consumer of ``(role, name)`` takes."""
+    return [agent_subject(name), resume_subject(name)] if role == "agent" else [subject(role, name)]
+
+
+def function_of(work_subject: str) -> tuple[str, str]:
+    """``(role, name)`` of a work subject: ``gym.agent.a.resume`` -> ``("agent", "a")``."""
+    _, role, rest = work_subject.split(".", 2)
+    return role, rest.split(".", 1)[0]
 
 
 def durable(role: Role, name: str) -> str:
@@ -221,7 +245,7 @@ def consumer(role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> Consumer
     return ConsumerConfig(
         durable_name=durable(role, name),
         name=durable(role, name),
-        filter_subject=subject(role, name),
+        filter_subjects=subjects(role, name),
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=limits.ack_wait_s,
         max_deliver=limits.max_deliver,
@@ -281,12 +305,32 @@ async def ensure(js: JetStreamContext, limits: Limits = DEFAULT_LIMITS) -> None:
 
 
 async def ensure_consumer(js: JetStreamContext, role: Role, name: str, limits: Limits = DEFAULT_LIMITS) -> str:
-    """Create (or update) the durable consumer of ``gym.<role>.<name>``; returns its name."""
+    """Create (or update) the durable consumer of the function's `subjects`; returns its name."""
     config = consumer(role, name, limits)
     name_ = config.durable_name or ""
-    await create_or_find(
-        js.add_consumer(WORK_STREAM, config=config), lambda: js.consumer_info(WORK_STREAM, name_), f"consumer {name_}"
-    )
+    try:
+        await js.add_consumer(WORK_STREAM, config=config)
+        return name_
+    except PermissionDenied as denied:
+        refused = denied  # a worker identity: an admin provisioned it (broker/auth.py)
+    try:
+        info = await js.consumer_info(WORK_STREAM, name_)
+    except (NotFoundError, PermissionDenied):
+        raise PermissionDenied(
+            refused.identity,
+            f"{refused.operation}, and consumer {name_} does not exist yet: run `gymbus init` as admin first",
+            refused.subject,
+        ) from None
+    taken = {info.config.filter_subject, *(info.config.filter_subjects or [])}
+    missing = [s for s in config.filter_subjects or [] if s not in taken]
+    if missing:
+        raise PermissionDenied(
+            refused.identity,
+            f"update consumer {name_} on stream {WORK_STREAM} to take {', '.join(missing)} as well "
+            "(an older version made it): "
+            "run `gymbus init` as admin to update it",
+            refused.subject,
+        )
     return name_
 
 

@@ -115,7 +115,8 @@ OPS: dict[str, Op] = {
     "create a consumer": create_consumer,
     "list consumers": lambda nc: nc.jetstream().consumers_info(topology.WORK_STREAM),
     "see math's tool consumer": lambda nc: nc.jetstream().consumer_info(topology.WORK_STREAM, "tool-math"),
-    "publish a Start or Resume to simple_agent": js_publish("gym.agent.simple_agent"),
+    "publish a Start to simple_agent": js_publish("gym.agent.simple_agent"),
+    "publish a Resume to simple_agent": js_publish("gym.agent.simple_agent.resume"),
     "publish to an agent outside the deployment": js_publish("gym.agent.intruder"),
     "publish a tool call to math": js_publish("gym.tool.math"),
     "publish a verification to math": js_publish("gym.verify.math"),
@@ -139,11 +140,14 @@ OPS: dict[str, Op] = {
     "read dead letters": lambda nc: get_msg(nc, topology.DEAD_STREAM),
     "delete a work message": delete_work_message,
 }
-START = "publish a Start or Resume to simple_agent"
+START = "publish a Start to simple_agent"
+RESUME = "publish a Resume to simple_agent"
 SESSIONS_RW = {"read a session", "write a session"}
 ALLOWED: dict[str, set[str]] = {
     "admin": set(OPS),
     "agent-simple_agent": {
+        START,
+        RESUME,
         "pull simple_agent's work",
         "publish a tool call to math",
         "publish a verification to math",
@@ -157,6 +161,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "env-math": {
         START,
+        RESUME,
         "pull math's tool calls",
         "publish a Result",
         "publish a dead letter of math",
@@ -293,6 +298,29 @@ async def test_a_worker_identity_finds_the_topology_an_admin_provisioned(
         assert await topology.ensure_consumer(js, "tool", "math") == "tool-math"
         with pytest.raises(PermissionDenied, match="run `gymbus init` as admin first"):
             await topology.ensure_consumer(js, "tool", "unprovisioned")
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_finding_an_agent_consumer_of_an_older_version_says_to_run_init(
+    broker: EmbeddedServer, auth_dir: credentials.Written, provisioned: Client
+) -> None:
+    """An admin-made agent consumer that takes only the Starts' subject would never deliver a Resume:
+    the worker refuses to start on it, naming the missing subject and the fix, and `gymbus init`
+    (the admin's `ensure_consumer`) brings it up to date."""
+    admin = provisioned.jetstream()
+    old = topology.consumer("agent", "simple_agent")
+    old.filter_subject, old.filter_subjects = topology.agent_subject("simple_agent"), None
+    await admin.delete_consumer(topology.WORK_STREAM, "agent-simple_agent")
+    await admin.add_consumer(topology.WORK_STREAM, config=old)
+    nc = await connect(broker.url, name="worker", auth=as_identity(auth_dir, "agent-simple_agent"))
+    try:
+        with pytest.raises(PermissionDenied) as denied:
+            await topology.ensure_consumer(nc.jetstream(), "agent", "simple_agent")
+        assert "gym.agent.simple_agent.resume" in str(denied.value)
+        assert "run `gymbus init` as admin to update it" in str(denied.value)
+        await topology.ensure_consumer(admin, "agent", "simple_agent")
+        assert await topology.ensure_consumer(nc.jetstream(), "agent", "simple_agent") == "agent-simple_agent"
     finally:
         await nc.close()
 

@@ -1,23 +1,37 @@
-"""A message to an environment carries the session it applies to, as just committed, so a first
-delivery skips reading the sessions bucket; the compare-and-set on the carried revision stays the
-fence, and a redelivery reads the bucket before redoing anything."""
+"""A message a worker publishes after a commit (to an environment, or an agent's Resume) carries the
+session it applies to, as just committed, so a first delivery skips reading the sessions bucket;
+the compare-and-set on the carried revision stays the fence, and a redelivery reads the bucket
+before redoing anything. A Resume's session is trusted only on the resume subject, where
+submitters may not publish."""
 
 from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 from nats.js import JetStreamContext
 
 from broker import topology
-from broker.schemas import FunctionCall, Session, Tools, session_decoder, session_encoder, verify_decoder
+from broker.schemas import (
+    FunctionCall,
+    Resume,
+    Session,
+    Tools,
+    agent_decoder,
+    session_decoder,
+    session_encoder,
+    verify_decoder,
+)
 from broker.sessions import SessionStore
 from conftest import MATH_TASKS
+from runtime.engine.agents import handle_agent
 from runtime.engine.environments import handle_tool
 from runtime.engine.records import new_session
-from runtime.engine.transitions import Delivery, RolledBack, Runtime, SessionLost
+from runtime.engine.transitions import Delivery, RolledBack, Runtime, SessionLost, next_message
 from runtime.errors import Retry
-from runtime.sdk import Environment, Rollout, Task, tool
+from runtime.model.client import ModelOutput
+from runtime.sdk import Environment, Rollout, Task, load, tool
 from runtime.testing import Harness, task_rows
 
 ROW = task_rows(MATH_TASKS)[0]
@@ -153,6 +167,54 @@ async def test_a_committed_step_sends_its_session_to_the_environment(harness: Ha
     assert session_decoder.decode(verify.state) == stored[0]
 
 
+async def test_a_committed_step_sends_its_session_to_the_agent_on_its_resume_subject(harness: Harness) -> None:
+    """The Resume a commit publishes goes to the subject only workers may publish to, carrying the
+    record and revision the bucket now holds."""
+    rt = Runtime(harness.js, harness.store)
+    s, rev = await _at_tools(harness, "resumed")
+    s.phase, s.pending = "model", []
+    assert await rt.commit(s, rev, Delivery(published_at=time.time()), time.perf_counter())
+    stored = await harness.store.get(s.session_id)
+    assert await harness.pending(topology.agent_subject("simple_agent")) == 0
+    raw = await harness.js.get_msg(topology.WORK_STREAM, subject=topology.resume_subject("simple_agent"))
+    assert stored is not None and raw.data is not None
+    resume = agent_decoder.decode(raw.data)
+    assert isinstance(resume, Resume) and resume.rev == stored[1] and resume.state is not None
+    assert session_decoder.decode(resume.state) == stored[0]
+
+
+async def test_a_resume_carries_its_session_only_on_the_subject_submitters_cannot_publish_to(
+    harness: Harness,
+) -> None:
+    """On the resume subject the agent takes the carried session and reads nothing. The same Resume
+    on the subject Starts share could come from a submitter: there its session (here with the
+    verifier's expected answer changed) is ignored and the bucket's is used."""
+    seen: list[dict] = []  # type: ignore[type-arg]
+
+    async def respond(items: list, params: dict, s: Session) -> ModelOutput:  # type: ignore[type-arg]
+        seen.append(s.meta)
+        return ModelOutput([{"type": "message", "role": "assistant", "content": "\\boxed{1}"}], s.usage, {})
+
+    store = Counting(harness.js)
+    rt = Runtime(harness.js, store, respond=respond)
+    agent = load("simple_agent")
+    for run_id, subject in (("trusted", topology.resume_subject), ("forged", topology.agent_subject)):
+        s, rev = await _at_tools(harness, run_id)
+        s.phase, s.pending, s.step = "model", [], 2
+        rev = await harness.store.update(s, last=rev)
+        sent, resume = next_message(s, (session_encoder.encode(s), rev))
+        assert sent == topology.resume_subject("simple_agent") and isinstance(resume, Resume)
+        if run_id == "forged":
+            forged = msgspec.structs.replace(s, meta={**s.meta, "expected_answer": "1"})
+            resume = msgspec.structs.replace(resume, state=session_encoder.encode(forged))
+        store.reads = 0
+        await handle_agent(rt, agent, resume, Delivery(published_at=time.time(), subject=subject("simple_agent")))
+        committed = await harness.store.get(s.session_id)
+        assert committed is not None and (committed[0].step, committed[0].phase) == (3, "verify")
+        assert committed[0].meta == s.meta and seen[-1] == s.meta, run_id
+        assert store.reads == (0 if run_id == "trusted" else 1), run_id
+
+
 async def test_a_message_of_an_earlier_attempt_is_stale_at_the_same_step(harness: Harness) -> None:
     """An attempt started over from a rolled-back session can reach the step an earlier attempt's
     surviving message names: the message's attempt keeps it from being applied there."""
@@ -169,7 +231,7 @@ async def test_a_message_of_an_earlier_attempt_is_stale_at_the_same_step(harness
     await handle_tool(rt, e.env, _carrying(s, rev), Delivery(published_at=time.time()))  # attempt 1
     applied = await harness.store.get(s.session_id)
     assert e.calls == 1 and applied is not None and (applied[0].step, applied[0].attempt) == (2, 1)
-    raw = await harness.js.get_msg(topology.WORK_STREAM, subject=topology.agent_subject("simple_agent"))
+    raw = await harness.js.get_msg(topology.WORK_STREAM, subject=topology.resume_subject("simple_agent"))
     assert (raw.headers or {}).get("Nats-Msg-Id") == f"{s.session_id}:2:1"  # the attempt in the dedupe key
 
 

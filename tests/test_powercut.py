@@ -44,6 +44,8 @@ def test_sync_interval_ends_every_rollout_once(tmp_path: Path) -> None:
     assert t.ok, t.problems
     assert t.cuts, "no cut landed while the run was going"
     assert sum(t.outcomes.values()) == t.rollouts
-    # internal: a session whose first write was lost while the message after it survived ("missing
-    # from the sessions bucket"); timeout: a rollout past rollout_timeout_s across the cuts and restarts
+    # internal: a session lost whole while the message after it survived without carrying it (a
+    # re-emit, or a session over 64 KiB): "missing from the sessions bucket"; every other survivor
+    # carries its session and starts the rollout over. timeout: a rollout past rollout_timeout_s
+    # across the cuts and restarts
     assert set(t.outcomes) <= {"reward", "internal", "timeout"}

@@ -40,7 +40,7 @@ async def test_a_rolled_back_step_whose_message_survived_starts_the_rollout_over
     await h.worker("math", janitor=False)
     await wait_for_step(h, sid, 2)  # tool outputs committed (step 2), Resume(2) published for the agent
     await h.stop_workers()
-    assert await h.pending(topology.agent_subject("simple_agent")) == 1
+    assert await h.pending(topology.resume_subject("simple_agent")) == 1
 
     # the cut: step 2's session write is lost (the key reads as step 1 again), Resume(2) survived
     headers = {k: v for k, v in (step1.headers or {}).items() if not k.startswith("Nats-Expected")}
@@ -58,6 +58,7 @@ async def test_a_rolled_back_step_whose_message_survived_starts_the_rollout_over
     assert session is not None and session.attempt == 1 and session.phase == "done"
     assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("rollback")) == 1
     assert await h.pending(topology.agent_subject("simple_agent")) == 0
+    assert await h.pending(topology.resume_subject("simple_agent")) == 0
     assert await h.pending(topology.tool_subject("math")) == 0
 
 
@@ -82,3 +83,30 @@ async def test_a_session_lost_whole_while_its_message_survived_starts_the_rollou
     assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 1, result
     assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("lostwhole")) == 1
     assert await h.pending(topology.tool_subject("math")) == 0
+
+
+async def test_a_session_lost_whole_while_its_resume_survived_starts_the_rollout_over(harness: Harness) -> None:
+    """The same cut after the tool step: every write of the session is lost and the agent's Resume
+    survived. A Resume carries its session too (on the subject only workers publish to), so the
+    rollout starts over from it rather than ending as `internal`."""
+    h = harness
+    await h.simulate(fs.MATH_TASKS, accuracy=1.0)
+    [start] = fs.starts("lostresume", 1, rollout_timeout_s=600.0)
+    sid = "lostresume.0.0"
+    await register(h.js, load("math"))
+    await h.worker("simple_agent", janitor=False)
+    await h.submit(start)
+    await wait_for_step(h, sid, 1)  # the agent asked for a tool
+    await h.stop_workers()
+    await h.worker("math", janitor=False)
+    await wait_for_step(h, sid, 2)  # tool outputs committed, Resume(2) published carrying them
+    await h.stop_workers()
+    await h.js.purge_stream(KV, subject=f"$KV.{topology.SESSIONS}.{sid}")  # the cut: no write of it kept
+    assert await h.session(sid) is None and await h.pending(topology.resume_subject("simple_agent")) == 1
+
+    await h.worker("simple_agent", janitor=False)
+    await h.worker("math", janitor=False)
+    [result] = await h.results("lostresume", 1, timeout=30)
+    assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 1, result
+    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("lostresume")) == 1
+    assert await h.pending(topology.resume_subject("simple_agent")) == 0

@@ -111,14 +111,14 @@ async def test_redelivered_tools_message_commits_one_step(harness: Harness, math
     assert await harness.pending(tool_subject) == 2
 
     await harness.worker("math")
-    agent_subject = topology.agent_subject("simple_agent")
+    resume_subject = topology.resume_subject("simple_agent")
 
     async def both_acked() -> bool:  # work-queue retention: a message leaves the stream when acked
         return await harness.pending(tool_subject) == 0
 
     await wait_until(both_acked, f"both copies on {tool_subject} to be handled and acknowledged")
     await harness.stop_workers()
-    resumes = await harness.read(agent_subject, stream=topology.WORK_STREAM)
+    resumes = await harness.read(resume_subject, stream=topology.WORK_STREAM)
     assert len(resumes) == 1
     assert msgspec.json.decode(resumes[0].data)["step"] == 2
     session = await harness.session(tools.session_id)

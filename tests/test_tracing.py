@@ -124,7 +124,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
         "send gym.agent.simple_agent",
         "process gym.agent.simple_agent",
         "process gym.tool.math",
-        "process gym.agent.simple_agent",  # math verifies in the agent's last turn (verify_inline)
+        "process gym.agent.simple_agent.resume",  # math verifies in the agent's last turn (verify_inline)
     ]
     for hop in by_name(spans, "process "):
         a = hop.attributes
@@ -155,7 +155,7 @@ async def test_one_trace_per_rollout_across_worker_processes(
 
     [tools] = by_name(spans, "process gym.tool.math")
     tool, send = children(spans, tools)
-    assert tool.name == "execute_tool calculator" and send.name == "send gym.agent.simple_agent"
+    assert tool.name == "execute_tool calculator" and send.name == "send gym.agent.simple_agent.resume"
     assert tool.attributes[semconv.GEN_AI_TOOL_NAME] == "calculator"
     assert tool.attributes[semconv.GEN_AI_TOOL_CALL_ID] == result.output[0]["call_id"]
 
@@ -185,7 +185,7 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
     [root] = [s for s in spans if s.parent_id is None]
     assert root.name == "process gym.agent.simple_agent"
     hops = [s.name for s in children(spans, root) if s.name.startswith("process")]
-    assert hops == ["process gym.tool.math", "process gym.agent.simple_agent", "process gym.verify.math"]
+    assert hops == ["process gym.tool.math", "process gym.agent.simple_agent.resume", "process gym.verify.math"]
     [verify_hop] = by_name(spans, "process gym.verify.math")
     verify, publish = children(spans, verify_hop)
     assert verify.name == "verify math" and verify.attributes[semconv.REWARD] == 1.0

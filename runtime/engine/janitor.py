@@ -235,7 +235,7 @@ class Janitor:
     async def _move_subject(
         self, rt: Runtime, subject: str, now: float, most: int, registered: set[tuple[functions.FunctionRole, str]]
     ) -> int:
-        _, role, name = subject.split(".", 2)
+        role, name = topology.function_of(subject)
         what, field = ("agent", "agent") if role == "agent" else ("environment", "env")
         if ("agent" if role == "agent" else "env", name) in registered:
             after = self.orphan_after_s

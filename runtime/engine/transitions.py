@@ -32,7 +32,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.publish import publish
-from broker.schemas import CARRY_MAX_BYTES, Msg, Phase, Resume, Seed, Session, ToEnv, Tools, Verify, session_decoder
+from broker.schemas import CARRY_MAX_BYTES, Carrier, Msg, Phase, Resume, Seed, Session, Tools, Verify, session_decoder
 from broker.sessions import SessionStore, StateConflict
 from runtime.engine.admission import Admission
 from runtime.engine.records import finish_timings, fit, max_record_bytes
@@ -55,6 +55,8 @@ class Delivery:
     """Unix time a worker took it."""
     num_delivered: int = 1
     headers: dict[str, str] = field(default_factory=dict)
+    subject: str = ""
+    """The subject the message was published to."""
 
     @property
     def queued_s(self) -> float:
@@ -79,7 +81,7 @@ class Runtime:
 
     async def emit(self, s: Session, carry: tuple[bytes, int] | None = None) -> None:
         """Publish the one message the session's committed state calls for; ``carry`` is the record
-        just committed and its revision, for a message to an environment to carry (see `ToEnv`)."""
+        just committed and its revision, for the message to carry (see `Carrier`)."""
         subject, msg = next_message(s, carry)
         await publish(self.js, subject, msg, message_id(s), s.headers or None)
 
@@ -128,7 +130,7 @@ Work = Callable[[Session], Awaitable[None]]
 async def transition(rt: Runtime, msg: Step, phase: Phase, d: Delivery, work: Work) -> None:
     """Load the session, and if ``msg`` (its step, in ``phase``, of its attempt) applies to it now, do
     ``work`` within the step's deadline and commit it (step + 1) by compare-and-set, emitting the
-    message that follows. A first delivery of a message carrying its session skips the read (see `ToEnv`);
+    message that follows. A first delivery of a message carrying its session skips the read (see `Carrier`);
     if the carried session then loses its compare-and-set, the bucket decides, as for a redelivery,
     and a session gone from it while its message is fresh was lost whole (`lost_whole`)."""
     from_msg = carried(msg, phase, d)
@@ -139,7 +141,7 @@ async def transition(rt: Runtime, msg: Step, phase: Phase, d: Delivery, work: Wo
         try:
             loaded = await load_at(rt, msg, phase, d)
         except SessionLost:
-            if isinstance(msg, ToEnv) and msg.state is not None and lost_whole(rt, d):
+            if isinstance(msg, Carrier) and msg.state is not None and lost_whole(rt, d):
                 raise RolledBack(msg.session_id, msg.step, session=session_decoder.decode(msg.state)) from None
             raise
     else:
@@ -171,7 +173,13 @@ def carried(msg: Step, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
 
     A redelivery reads the bucket instead: its first delivery may have committed the step already,
     and the bucket says so before any work is redone."""
-    if not isinstance(msg, ToEnv) or msg.state is None or d.num_delivered > 1:
+    if not isinstance(msg, Carrier) or msg.state is None or d.num_delivered > 1:
+        return None
+    if isinstance(msg, Resume) and not d.subject.endswith(topology.RESUME_SUFFIX):
+        # Starts share the agent's other subject, and submitters may publish there: a state found
+        # on it could be forged, so the bucket is read instead.
+        log.warning("session %s: a Resume carrying a session on %s, not its resume subject: state ignored",
+                    msg.session_id, d.subject or "an unknown subject")
         return None
     s = session_decoder.decode(msg.state)
     return (s, msg.rev) if (s.attempt, s.step, s.phase) == (msg.attempt, msg.step, phase) else None
@@ -224,16 +232,17 @@ def advance(s: Session, d: Delivery, started: float) -> None:
 
 
 def next_message(s: Session, carry: tuple[bytes, int] | None = None) -> tuple[str, Msg]:
-    """The message the session's state calls for. An environment's message carries ``carry`` (the
-    record and revision just committed); an agent's never does: starts share its subject, so a
-    submitter could forge one (broker/auth.py), while only workers publish to environments."""
+    """The message the session's state calls for, carrying ``carry`` (the record and revision just
+    committed) unless it is the Result. Each goes to a subject only workers may publish to
+    (broker/auth.py): a Resume to the agent's resume subject, not to the one Starts share."""
     sid, step, a = s.session_id, s.step, s.attempt
     state, rev = carry or (None, 0)
     match s.phase:
         case "seed":
             return topology.tool_subject(s.env), Seed(session_id=sid, step=step, attempt=a, state=state, rev=rev)
         case "model":
-            return topology.agent_subject(s.agent), Resume(session_id=sid, step=step, attempt=a)
+            resume = Resume(session_id=sid, step=step, attempt=a, state=state, rev=rev)
+            return topology.resume_subject(s.agent), resume
         case "tools":
             tools = Tools(session_id=sid, step=step, attempt=a, calls=s.pending, state=state, rev=rev)
             return topology.tool_subject(s.env), tools

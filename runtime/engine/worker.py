@@ -217,6 +217,7 @@ class Worker:
             published_at=md.timestamp.timestamp(),
             num_delivered=md.num_delivered,
             headers={k: v for k, v in (m.headers or {}).items() if not k.startswith("Nats-")},
+            subject=m.subject,
         )
         hop = spans.hop(m.subject, topology.durable(role, self.name), d, len(m.data))
         self._beating[id(m)] = (m, time.monotonic())
