@@ -31,7 +31,8 @@ class Registration(msgspec.Struct, kw_only=True):
     role: FunctionRole
     """``agent`` or ``env``."""
     name: Name
-    """The function's name: its subjects are ``gym.agent.<name>``, or ``gym.tool.<name>`` and ``gym.verify.<name>``."""
+    """The function's name: its subjects are ``gym.agent.<name>`` and ``gym.agent.<name>.resume``, or
+    ``gym.tool.<name>`` and ``gym.verify.<name>``."""
     tools: list[dict[str, Any]] = []
     """The environment's tools as Responses ``tools`` entries: offered to the model when a Start lists none."""
     meta_schema: dict[str, Any] | None = None

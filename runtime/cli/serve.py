@@ -60,8 +60,9 @@ def worker(
 ) -> None:
     """Serve one function: pull its messages from JetStream and run them, until SIGTERM (then drain).
 
-    An agent serves gym.agent.<name>; an environment serves gym.tool.<name> and gym.verify.<name>.
-    Run as many replicas as you like: they share one durable consumer per subject.
+    An agent serves gym.agent.<name> (Starts) and gym.agent.<name>.resume; an environment serves
+    gym.tool.<name> and gym.verify.<name>. Run as many replicas as you like: they share one durable
+    consumer per function and role.
     Spans go where the OTEL_* variables say (OTLP) or to GYMBUS_TRACES_FILE; see `gymbus traces`.
     """
     from broker import names

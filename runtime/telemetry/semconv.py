@@ -9,7 +9,7 @@ Span layout of one rollout (one trace):
 
     invoke_agent <agent>                   the rollout: submission to Result (collect)
       send gym.agent.<agent>               PRODUCER: the Start published
-      process gym.<role>.<fn>              CONSUMER: one hop (agent step, tools, verification);
+      process gym.<role>.<fn>[.resume]     CONSUMER: one hop (agent step, tools, verification);
                                            its wait in the stream is gymbus.queue.wait_s
         chat <model>                       CLIENT: one model call (GenAI)
           POST                             CLIENT: its HTTP request (aiohttp instrumentation)
