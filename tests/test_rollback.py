@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from broker import inspect, topology
 from broker.publish import publish_raw
 from runtime.engine.registry import register
@@ -62,51 +64,35 @@ async def test_a_rolled_back_step_whose_message_survived_starts_the_rollout_over
     assert await h.pending(topology.tool_subject("math")) == 0
 
 
-async def test_a_session_lost_whole_while_its_message_survived_starts_the_rollout_over(harness: Harness) -> None:
-    """Every write of the session is lost, its Start's ack is kept and the Tools message after its
-    first write survived: the message carried the session, so the rollout starts over from it."""
-    h = harness
-    await h.simulate(fs.MATH_TASKS, accuracy=1.0)
-    [start] = fs.starts("lostwhole", 1, rollout_timeout_s=600.0)
-    sid = "lostwhole.0.0"
-    await register(h.js, load("math"))
-    await h.worker("simple_agent", janitor=False)
-    await h.submit(start)
-    await wait_for_step(h, sid, 1)  # step 1 committed, Tools(1) published carrying it
-    await h.stop_workers()
-    await h.js.purge_stream(KV, subject=f"$KV.{topology.SESSIONS}.{sid}")  # the cut: the key never written
-    assert await h.session(sid) is None and await h.pending(topology.tool_subject("math")) == 1
-
-    await h.worker("simple_agent", janitor=False)
-    await h.worker("math", janitor=False)
-    [result] = await h.results("lostwhole", 1, timeout=30)
-    assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 1, result
-    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("lostwhole")) == 1
-    assert await h.pending(topology.tool_subject("math")) == 0
-
-
-async def test_a_session_lost_whole_while_its_resume_survived_starts_the_rollout_over(harness: Harness) -> None:
-    """The same cut after the tool step: every write of the session is lost and the agent's Resume
-    survived. A Resume carries its session too (on the subject only workers publish to), so the
+@pytest.mark.parametrize(
+    ("survivor", "functions"),
+    [("Tools", ["simple_agent"]), ("Resume", ["simple_agent", "math"])],
+)
+async def test_a_session_lost_whole_while_its_message_survived_starts_the_rollout_over(
+    harness: Harness, survivor: str, functions: list[str]
+) -> None:
+    """Every write of the session is lost, its Start's ack is kept, and the message after its last
+    write survived: the Tools after the agent's first step, or the agent's Resume after the tool
+    step. Each carried the session (a Resume on the subject only workers publish to), so the
     rollout starts over from it rather than ending as `internal`."""
     h = harness
     await h.simulate(fs.MATH_TASKS, accuracy=1.0)
-    [start] = fs.starts("lostresume", 1, rollout_timeout_s=600.0)
-    sid = "lostresume.0.0"
+    run = f"lost{survivor.lower()}"
+    [start] = fs.starts(run, 1, rollout_timeout_s=600.0)
+    sid = f"{run}.0.0"
+    kept = topology.tool_subject("math") if survivor == "Tools" else topology.resume_subject("simple_agent")
     await register(h.js, load("math"))
-    await h.worker("simple_agent", janitor=False)
     await h.submit(start)
-    await wait_for_step(h, sid, 1)  # the agent asked for a tool
-    await h.stop_workers()
-    await h.worker("math", janitor=False)
-    await wait_for_step(h, sid, 2)  # tool outputs committed, Resume(2) published carrying them
-    await h.stop_workers()
+    for step, function in enumerate(functions, 1):  # one function at a time: each commits one step
+        await h.worker(function, janitor=False)
+        await wait_for_step(h, sid, step)
+        await h.stop_workers()
     await h.js.purge_stream(KV, subject=f"$KV.{topology.SESSIONS}.{sid}")  # the cut: no write of it kept
-    assert await h.session(sid) is None and await h.pending(topology.resume_subject("simple_agent")) == 1
+    assert await h.session(sid) is None and await h.pending(kept) == 1
 
     await h.worker("simple_agent", janitor=False)
     await h.worker("math", janitor=False)
-    [result] = await h.results("lostresume", 1, timeout=30)
+    [result] = await h.results(run, 1, timeout=30)
     assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 1, result
-    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("lostresume")) == 1
-    assert await h.pending(topology.resume_subject("simple_agent")) == 0
+    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject(run)) == 1
+    assert await h.pending(kept) == 0
