@@ -20,7 +20,7 @@ import asyncio
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -195,20 +195,36 @@ class GuardedClient(Client):
         return lowered
 
 
-async def create_or_find(create: Awaitable[object], find: Callable[[], Awaitable[object]], what: str) -> None:
-    """Create something on the broker; if this identity may not, check it exists (an admin made it).
+T = TypeVar("T")
 
-    Raises `PermissionDenied` (saying to provision first) if it may not create it and it is missing."""
+
+async def create_or_find(
+    create: Awaitable[object],
+    find: Callable[[], Awaitable[T]],
+    what: str,
+    lacks: Callable[[T], str] = lambda found: "",
+) -> None:
+    """Create something on the broker; if this identity may not, check it exists (an admin made it)
+    and, with ``lacks``, that it is as this version needs it (``lacks`` says what it is missing).
+
+    Raises `PermissionDenied` (saying to provision first, or to provision again) otherwise."""
     try:
         await create
         return
     except PermissionDenied as denied:
         refused = denied
     try:
-        await find()
+        found = await find()
     except (NotFoundError, PermissionDenied):  # missing, or not even its own to look at
         raise PermissionDenied(
             refused.identity,
             f"{refused.operation}, and {what} does not exist yet: run `gymbus init` as admin first",
             refused.subject,
         ) from None
+    missing = lacks(found)
+    if missing:
+        raise PermissionDenied(
+            refused.identity,
+            f"update {what} to {missing} (an older version made it): run `gymbus init` as admin to update it",
+            refused.subject,
+        )

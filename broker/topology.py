@@ -32,6 +32,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DeliverPolicy,
     DiscardPolicy,
     RetentionPolicy,
@@ -67,13 +68,13 @@ def agent_subject(agent: str) -> str:
     return f"gym.agent.{agent}"
 
 
+RESUME_SUFFIX = ".resume"
+
+
 def resume_subject(agent: str) -> str:
     """Where the agent's later steps go. Only workers may publish here (broker/auth.py), so a Resume
     may carry the session it follows, as a message to an environment does (broker/schemas.py `Carrier`)."""
     return f"gym.agent.{agent}{RESUME_SUFFIX}"
-
-
-RESUME_SUFFIX = ".resume"
 
 
 def tool_subject(env: str) -> str:
@@ -308,29 +309,19 @@ async def ensure_consumer(js: JetStreamContext, role: Role, name: str, limits: L
     """Create (or update) the durable consumer of the function's `subjects`; returns its name."""
     config = consumer(role, name, limits)
     name_ = config.durable_name or ""
-    try:
-        await js.add_consumer(WORK_STREAM, config=config)
-        return name_
-    except PermissionDenied as denied:
-        refused = denied  # a worker identity: an admin provisioned it (broker/auth.py)
-    try:
-        info = await js.consumer_info(WORK_STREAM, name_)
-    except (NotFoundError, PermissionDenied):
-        raise PermissionDenied(
-            refused.identity,
-            f"{refused.operation}, and consumer {name_} does not exist yet: run `gymbus init` as admin first",
-            refused.subject,
-        ) from None
-    taken = {info.config.filter_subject, *(info.config.filter_subjects or [])}
-    missing = [s for s in config.filter_subjects or [] if s not in taken]
-    if missing:
-        raise PermissionDenied(
-            refused.identity,
-            f"update consumer {name_} on stream {WORK_STREAM} to take {', '.join(missing)} as well "
-            "(an older version made it): "
-            "run `gymbus init` as admin to update it",
-            refused.subject,
-        )
+    wanted = config.filter_subjects or []
+
+    def lacks(info: ConsumerInfo) -> str:
+        taken = {info.config.filter_subject, *(info.config.filter_subjects or [])}
+        missing = [s for s in wanted if s not in taken]
+        return f"take {', '.join(missing)} as well" if missing else ""
+
+    await create_or_find(
+        js.add_consumer(WORK_STREAM, config=config),
+        lambda: js.consumer_info(WORK_STREAM, name_),
+        f"consumer {name_} on stream {WORK_STREAM}",
+        lacks,
+    )
     return name_
 
 

@@ -179,7 +179,7 @@ class Worker:
             log.info(
                 "worker %s serving %s",
                 self.name,
-                [topology.subject(r, self.name) for r in self.roles or roles_of(self.function)],
+                [s for r in self.roles or roles_of(self.function) for s in topology.subjects(r, self.name)],
             )
             await self._stopping.wait()
             await asyncio.gather(*loops, return_exceptions=True)
