@@ -143,6 +143,11 @@ class Carrier(Msg, frozen=True, kw_only=True):
     """The rollout's attempt this message belongs to; a message of another attempt is stale."""
 
 
+NUDGE = "Gymbus-Nudge"
+"""Header of a Start sent again for a rollout still in flight (a resume's nudge, runtime/runs/rollouts.py):
+the agent reads the session before anything else, and publishes again what the session calls for."""
+
+
 class Resume(Carrier, frozen=True, kw_only=True):
     """Tool outputs of the previous turn are committed: run the agent turn at ``step``. Published to
     ``gym.agent.<agent>.resume``, a subject only workers may publish to."""

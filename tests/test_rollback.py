@@ -14,6 +14,8 @@ import pytest
 from broker import inspect, topology
 from broker.publish import publish_raw
 from runtime.engine.registry import register
+from runtime.runs.config import RunConfig
+from runtime.runs.submit import submit
 from runtime.sdk import load
 from runtime.testing import Harness
 from tests import fault_suite as fs
@@ -96,3 +98,40 @@ async def test_a_session_lost_whole_while_its_message_survived_starts_the_rollou
     assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 1, result
     assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject(run)) == 1
     assert await h.pending(kept) == 0
+
+
+async def test_a_step_whose_message_was_consumed_but_whose_write_was_lost_is_redone_on_resume(
+    harness: Harness,
+) -> None:
+    """The cut kept the ack of a step's message (the work stream synced) and lost the step's session
+    write (the sessions bucket had not): no message is left to run the step the session is back at.
+    The run's resume sends the rollout's Start again under its attempt, a nudge, and the agent
+    publishes again what the session calls for, so the rollout ends with its reward instead of
+    waiting for its deadline."""
+    h = harness
+    await h.simulate(fs.MATH_TASKS, accuracy=1.0)
+    cfg = RunConfig(input=str(fs.MATH_TASKS), agent="simple_agent", env="math", nats=h.broker.url, limit=1)
+    sid = "nudge.0.0"
+    await register(h.js, load("math"))
+    for role in ("tool", "verify"):  # as `gymbus init` does: math's work waits for its workers
+        await topology.ensure_consumer(h.js, role, "math")
+    await h.worker("simple_agent", janitor=False)
+    assert (await submit(cfg, "nudge")).submitted == 1
+    await wait_for_step(h, sid, 1)
+    await h.stop_workers()
+    await h.worker("math", janitor=False)
+    await wait_for_step(h, sid, 2)  # Resume(2) published
+    await h.stop_workers()
+    await h.js.purge_stream(topology.WORK_STREAM, subject=topology.resume_subject("simple_agent"))  # consumed
+    assert await h.pending(topology.resume_subject("simple_agent")) == 0
+    # the broker comes back from the cut: its duplicate window knows only the messages it kept
+    await asyncio.to_thread(h.broker.restart)
+    await wait_for_step(h, sid, 2)  # readable again (the client reconnects)
+
+    await h.worker("simple_agent", janitor=False)
+    await h.worker("math", janitor=False)
+    again = await submit(cfg, "nudge")  # the resume: the rollout is in flight, so it is nudged, not re-run
+    assert (again.finished, again.submitted) == (0, 0)
+    [result] = await h.results("nudge", 1, timeout=30)
+    assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 0, result
+    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("nudge")) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from broker.schemas import Msg, Resume, Session, Start
+from broker.schemas import NUDGE, Msg, Resume, Session, Start
 from runtime.engine.clients import env_client
 from runtime.engine.environments import verify_in_turn
 from runtime.engine.records import new_session
@@ -32,13 +32,14 @@ async def handle_agent(rt: Runtime, agent: Agent, msg: Msg, d: Delivery) -> None
 async def _start(rt: Runtime, agent: Agent, msg: Start, d: Delivery) -> None:
     """Open the session optimistically: most Starts are new, so the first turn runs and the session is
     created (CAS on "no value yet") without reading the key first. A redelivered Start reads it first,
-    so it never pays for a model call its first delivery already made. When the session exists, a
-    duplicate Start re-emits what its first delivery may have lost; a newer attempt supersedes a
-    finished one, its steps continuing from the old session's so old messages stay stale."""
+    so it never pays for a model call its first delivery already made; so does a Start a resume sent
+    again for a rollout in flight (`NUDGE`). When the session exists, a duplicate Start re-emits the
+    message its state calls for; a newer attempt supersedes a finished one, its steps continuing
+    from the old session's so old messages stay stale."""
     started = time.perf_counter()
     s = new_session(msg, 0, d)
     rev = 0
-    if d.num_delivered > 1:
+    if d.num_delivered > 1 or NUDGE in d.headers:
         loaded = await rt.store.get(s.session_id)
         if loaded is not None:
             if await _exists(rt, msg, *loaded):
@@ -64,11 +65,15 @@ async def _start(rt: Runtime, agent: Agent, msg: Start, d: Delivery) -> None:
 
 
 async def _exists(rt: Runtime, msg: Start, old: Session, rev: int) -> bool:
-    """Whether the stored session makes this Start a duplicate (then re-emit its first transition's
-    message if that is the last one committed); False if the Start is a newer attempt."""
+    """Whether the stored session makes this Start a duplicate; False if it is a newer attempt.
+
+    A duplicate of a live session's attempt publishes again the message its state calls for, under
+    that message's id: the stream drops the copy while the message is there (redelivered Starts,
+    nudges from a resume), and it runs a step whose session write was lost after its message was
+    consumed (a power cut under a sync interval), which nothing else would."""
     if msg.attempt > old.attempt:
         return False
-    if msg.attempt == old.attempt and old.step == old.base_step + 1:
+    if msg.attempt == old.attempt and old.phase != "done":
         await rt.emit(old)
     return True
 

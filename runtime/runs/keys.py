@@ -94,6 +94,9 @@ class Attempts:
         self.keys = KeySet(grid)
         self.again: dict[Key, int] = {}
         """The attempts above 0."""
+        self.live: dict[Key, int] = {}
+        """Rollouts still in flight, and the step their session is at: their Start goes out again under
+        their attempt to nudge them (see `runtime.runs.rollouts`), not counted as submitted."""
 
     def set(self, key: Key, attempt: int) -> None:
         self.keys.add(key)

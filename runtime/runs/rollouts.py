@@ -1,9 +1,13 @@
 """Which rollouts of a run still need a Start, and publishing them.
 
-A rollout that has a Result is never submitted again; one still in flight within its deadline is
-left alone (its messages are in the broker); one whose Result was deleted, or that is stuck past
-its deadline, is submitted again as a new attempt. Every Start carries its deterministic message
-id, so submitting twice publishes nothing twice.
+A rollout that has a Result is never submitted again; one whose Result was deleted, or that is
+stuck past its deadline, is submitted again as a new attempt. One still in flight within its
+deadline gets its Start again under the same attempt, marked `NUDGE` and with an id of its own
+(``<session>:nudge:<attempt>:<step>``): the agent finds the session live and publishes again the
+message its state calls for. The stream drops that copy while the message is still there (its id
+is the same); it redoes a step whose session write a power cut under a sync interval took after
+the step's own message was consumed, which nothing else would run before the rollout's deadline.
+Every Start carries its deterministic message id, so submitting twice publishes nothing twice.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.publish import publish
-from broker.schemas import Session, encoder, parse_session_id, session_id
+from broker.schemas import NUDGE, Session, encoder, parse_session_id, session_id
 from broker.sessions import SessionStore
 from runtime.engine import deadletters
 from runtime.engine.failures import publish_orphan_failure
@@ -43,21 +47,23 @@ async def plan(
         return attempts
     store, todo = SessionStore(js), iter(missing)
 
-    def decide(loaded: tuple[Session, int] | None) -> int | None:
+    def decide(loaded: tuple[Session, int] | None) -> tuple[int, int | None]:
+        """The attempt to submit, and the step of a rollout still in flight (to nudge it)."""
         if loaded is None:
-            return 0
+            return 0, None
         s, _ = loaded
         if s.phase == "done":  # finished, but its Result is gone: run it again
-            return s.attempt + 1
+            return s.attempt + 1, None
         if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
-            return s.attempt + 1
-        return None  # still in flight
+            return s.attempt + 1, None
+        return s.attempt, s.step
 
     async def reader() -> None:  # 64 of these share one iterator: as many reads in flight
         for key in todo:
-            attempt = decide(await store.get(session_id(run_id, *key)))
-            if attempt is not None:
-                attempts.set(key, attempt)
+            attempt, step = decide(await store.get(session_id(run_id, *key)))
+            attempts.set(key, attempt)
+            if step is not None:
+                attempts.live[key] = step
 
     await asyncio.gather(*(reader() for _ in range(64)))
     return attempts  # publish_starts submits them in task order
@@ -100,7 +106,7 @@ async def publish_starts(
 ) -> int:
     """Publish the Start of every rollout in ``attempts``, in task order and, with a ``window``, as its
     slots free; a row that cannot be a Start (unreadable, over the broker's max_payload) ends its
-    rollouts as failed Results instead. Returns how many."""
+    rollouts as failed Results instead. Returns how many, not counting the nudges (``attempts.live``)."""
 
     async def one(task_index: int, rollout: int, attempt: int) -> None:
         task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
@@ -112,7 +118,11 @@ async def publish_starts(
         subject = topology.agent_subject(start.agent)
         try:
             with roots.submitting(start, sid) if roots else contextlib.nullcontext():
-                await publish(js, subject, start, f"{sid}:start:{attempt}")
+                step = attempts.live.get((task_index, rollout))
+                if step is None:
+                    await publish(js, subject, start, f"{sid}:start:{attempt}")
+                else:
+                    await publish(js, subject, start, f"{sid}:nudge:{attempt}:{step}", {NUDGE: "1"})
         except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
             reason = (
                 f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
@@ -129,7 +139,7 @@ async def publish_starts(
             await one(task_index, rollout, attempt)
 
     await asyncio.gather(*(publisher() for _ in range(min(256, len(attempts)))))
-    return len(attempts)
+    return len(attempts) - len(attempts.live)
 
 
 async def replay(js: JetStreamContext, run_id: str, seqs: list[int]) -> dict[Key, int]:
