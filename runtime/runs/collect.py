@@ -2,9 +2,9 @@
 
 A run is tasks x repeats. Each rollout's session id is derived from (run, task, repeat), so the
 same command run again resumes: rollouts that already have a Result on the results stream (or a
-row in ``rollouts.jsonl``) are not submitted again, rollouts still in flight are left alone, and
-only the missing ones are (re)submitted. A run id is bound to what it ran (`runs.identity`), and
-a run folder has one writer at a time (`runs.folder`).
+row in ``rollouts.jsonl``) are not submitted again, rollouts still in flight are nudged (see
+`runtime.runs.rollouts`), and only the missing ones are (re)submitted. A run id is bound to what
+it ran (`runs.identity`), and a run folder has one writer at a time (`runs.folder`).
 
     prepare()        check the run id, read the tasks, load the functions, check the model: no side effects
     Collector.run()  lock the folder, start the local stack (or join --nats), record the manifest,

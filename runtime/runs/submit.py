@@ -36,7 +36,7 @@ class Submission:
     finished: int
     """Rollouts that already had a Result (not published again)."""
     submitted: int
-    """Starts published now (the rest are finished or still in flight)."""
+    """Starts published now (the rest are finished, or still in flight and nudged)."""
 
 
 async def submit(
