@@ -111,24 +111,27 @@ async def publish_starts(
     async def one(task_index: int, rollout: int, attempt: int) -> None:
         task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
         sid = session_id(run_id, task_index, rollout)
+        step = attempts.live.get((task_index, rollout))
+        if step is None:
+            msg_id, headers = f"{sid}:start:{attempt}", None
+        else:  # a nudge never fails its rollout: it is running, and ends with a Result of its own
+            msg_id, headers = f"{sid}:nudge:{attempt}:{step}", {NUDGE: "1"}
         if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
-            await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
+            if step is None:
+                await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
             return
         start = build_start(cfg, run_id, task, rollout, attempt)  # the row as it is: the workers decide
         subject = topology.agent_subject(start.agent)
         try:
             with roots.submitting(start, sid) if roots else contextlib.nullcontext():
-                step = attempts.live.get((task_index, rollout))
-                if step is None:
-                    await publish(js, subject, start, f"{sid}:start:{attempt}")
-                else:
-                    await publish(js, subject, start, f"{sid}:nudge:{attempt}:{step}", {NUDGE: "1"})
+                await publish(js, subject, start, msg_id, headers)
         except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
             reason = (
                 f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
                 f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
             )
-            await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
+            if step is None:
+                await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
 
     todo = attempts.items()
 
