@@ -13,9 +13,13 @@ import pytest
 
 from broker import inspect, topology
 from broker.publish import publish_raw
+from broker.schemas import result_decoder
 from runtime.engine.registry import register
+from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
+from runtime.runs.keys import Attempts, Grid
 from runtime.runs.submit import submit
+from runtime.runs.tasks import TaskRow
 from runtime.sdk import load
 from runtime.testing import Harness
 from tests import fault_suite as fs
@@ -135,3 +139,20 @@ async def test_a_step_whose_message_was_consumed_but_whose_write_was_lost_is_red
     [result] = await h.results("nudge", 1, timeout=30)
     assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 0, result
     assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("nudge")) == 1
+
+
+async def test_a_nudge_never_fails_the_rollout_it_nudges(harness: Harness) -> None:
+    """A row that cannot be a Start fails the rollouts submitted now, with the reason; a rollout in
+    flight is only nudged, never given a failed Result beside the one it will end with."""
+    h = harness
+    attempts = Attempts(Grid([0, 1], 1))
+    attempts.set((0, 0), 0)
+    attempts.live[(0, 0)] = 2  # in flight, at step 2
+    attempts.set((1, 0), 0)  # submitted now
+    rows = {i: TaskRow(i, None, error="line is not a JSON object") for i in (0, 1)}
+    cfg = RunConfig(input=str(fs.MATH_TASKS), agent="simple_agent", env="math", nats=h.broker.url)
+    assert await rollouts.publish_starts(h.js, cfg, "badrows", rows, attempts) == 1
+    # publish_starts returns once every publish is acknowledged: what the stream holds now is all of it
+    stored = [m async for m in inspect.messages(h.js, topology.RESULTS_STREAM, topology.result_subject("badrows"))]
+    failed = [result_decoder.decode(m.data or b"") for m in stored]
+    assert [(r.task_index, r.failure_kind) for r in failed] == [(1, "invalid_input")]
