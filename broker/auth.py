@@ -25,8 +25,9 @@ can read another's replies, pulled messages included.
     profiler          pull and ack the results stream's profiler consumer; read Results and run
                       manifests; write run profiles
     janitor           `gymbus janitor`: max-deliveries advisories, move lost or unserved work
-                      messages to dead letters, fail overdue sessions, hold its lease; list the
-                      registered functions (an unserved subject of an unknown one fails sooner)
+                      messages to dead letters, fail overdue sessions, publish again the message a
+                      stalled session calls for (Resumes, tool and verify messages), hold its lease;
+                      list the registered functions (an unserved subject of an unknown one fails sooner)
     operator          read every stream, consumer and bucket (`gymbus status`, `profile --run`,
                       `dead-letters`, `schema start --env`) and publish replayed Starts (`gymbus replay`)
     model             register model endpoints in the models bucket (`gymbus model serve`)
@@ -195,6 +196,9 @@ def janitor() -> Identity:
             *_FUNCTIONS_READ,
             "gym.result.*",
             "gym.dead.*",
+            f"gym.agent.*{topology.RESUME_SUFFIX}",
+            "gym.tool.*",
+            "gym.verify.*",
         ),
     )
 

@@ -127,6 +127,8 @@ class Deadlines:
         """The stream sequence read up to."""
         self.live: dict[str, float] = {}
         """Live session id -> unix time its rollout deadline passes."""
+        self.written: dict[str, float] = {}
+        """Live session id -> unix time of its last write (the stream's timestamp)."""
         self.reads = 0
         """Messages read so far."""
         self._created: datetime | None = None
@@ -134,6 +136,7 @@ class Deadlines:
 
     def forget(self, sid: str) -> None:
         self.live.pop(sid, None)
+        self.written.pop(sid, None)
 
     async def overdue(self, now: float) -> list[str]:
         """Keys of live sessions whose deadline passed before ``now``."""
@@ -146,6 +149,7 @@ class Deadlines:
         if info.created != self._created or last < self.read_to:  # another bucket (a new broker's): start over
             self._created, self.read_to = info.created, 0
             self.live.clear()
+            self.written.clear()
         if last <= self.read_to:
             return
         try:  # is anything left past read_to? (what was written since may all be gone: superseded, expired)
@@ -162,8 +166,9 @@ class Deadlines:
             sid, h = msg.subject[len(self._prefix) :], msg.headers or {}
             if h.get(PHASE) != "done" and not h.get(_KV_OP) and not h.get("Nats-Marker-Reason"):
                 self.live[sid] = float(h.get(DEADLINE) or 0)
+                self.written[sid] = msg.metadata.timestamp.timestamp()
             else:
-                self.live.pop(sid, None)
+                self.forget(sid)
             if msg.metadata.num_pending == 0 or seq >= last:
                 caught_up.set()
 

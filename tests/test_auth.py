@@ -182,6 +182,9 @@ ALLOWED: dict[str, set[str]] = {
     },
     "profiler": {"pull the profiler's Results", "read Results", "read the runs bucket", "write a run profile"},
     "janitor": {
+        RESUME,
+        "publish a tool call to math",
+        "publish a verification to math",
         "list consumers",
         "publish a Result",
         "publish a dead letter of math",

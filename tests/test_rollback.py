@@ -14,7 +14,9 @@ import pytest
 from broker import inspect, topology
 from broker.publish import publish_raw
 from broker.schemas import result_decoder
+from runtime.engine.janitor import Janitor
 from runtime.engine.registry import register
+from runtime.engine.transitions import Runtime
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
 from runtime.runs.keys import Attempts, Grid
@@ -104,23 +106,18 @@ async def test_a_session_lost_whole_while_its_message_survived_starts_the_rollou
     assert await h.pending(kept) == 0
 
 
-async def test_a_step_whose_message_was_consumed_but_whose_write_was_lost_is_redone_on_resume(
-    harness: Harness,
-) -> None:
-    """The cut kept the ack of a step's message (the work stream synced) and lost the step's session
-    write (the sessions bucket had not): no message is left to run the step the session is back at.
-    The run's resume sends the rollout's Start again under its attempt, a nudge, and the agent
-    publishes again what the session calls for, so the rollout ends with its reward instead of
-    waiting for its deadline."""
-    h = harness
+async def _stalled(h: Harness, run: str) -> RunConfig:
+    """A one-rollout run left as a cut can leave it: the ack of its step-2 Resume kept (the work
+    stream synced), the session write of that step lost (the bucket had not), the broker back up.
+    No message is left to run the step the session is at. Returns the run's configuration."""
     await h.simulate(fs.MATH_TASKS, accuracy=1.0)
     cfg = RunConfig(input=str(fs.MATH_TASKS), agent="simple_agent", env="math", nats=h.broker.url, limit=1)
-    sid = "nudge.0.0"
+    sid = f"{run}.0.0"
     await register(h.js, load("math"))
     for role in ("tool", "verify"):  # as `gymbus init` does: math's work waits for its workers
         await topology.ensure_consumer(h.js, role, "math")
     await h.worker("simple_agent", janitor=False)
-    assert (await submit(cfg, "nudge")).submitted == 1
+    assert (await submit(cfg, run)).submitted == 1
     await wait_for_step(h, sid, 1)
     await h.stop_workers()
     await h.worker("math", janitor=False)
@@ -131,14 +128,49 @@ async def test_a_step_whose_message_was_consumed_but_whose_write_was_lost_is_red
     # the broker comes back from the cut: its duplicate window knows only the messages it kept
     await asyncio.to_thread(h.broker.restart)
     await wait_for_step(h, sid, 2)  # readable again (the client reconnects)
+    return cfg
 
+
+async def _ends_with_its_reward(h: Harness, run: str) -> None:
+    [result] = await h.results(run, 1, timeout=30)
+    assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 0, result
+    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject(run)) == 1
+
+
+async def test_a_step_whose_message_was_consumed_but_whose_write_was_lost_is_redone_on_resume(
+    harness: Harness,
+) -> None:
+    """The run's resume sends the stalled rollout's Start again under its attempt, a nudge, and the
+    agent publishes again what the session calls for: the rollout ends with its reward instead of
+    waiting for its deadline."""
+    h = harness
+    cfg = await _stalled(h, "nudge")
     await h.worker("simple_agent", janitor=False)
     await h.worker("math", janitor=False)
     again = await submit(cfg, "nudge")  # the resume: the rollout is in flight, so it is nudged, not re-run
     assert (again.finished, again.submitted) == (0, 0)
-    [result] = await h.results("nudge", 1, timeout=30)
-    assert result.failure_kind is None and result.reward == 1.0 and result.attempt == 0, result
-    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("nudge")) == 1
+    await _ends_with_its_reward(h, "nudge")
+
+
+async def test_a_stalled_session_is_nudged_by_the_janitor_when_nobody_resumes(harness: Harness) -> None:
+    """Nobody resumes the run (a trainer waits on its Results): the janitor finds the session unwritten
+    for ``stall_after_s``, within the work stream's duplicate window, and publishes again the message
+    its state calls for, once per write; the rollout ends with its reward long before its deadline."""
+    h = harness
+    await _stalled(h, "stall")
+    await h.worker("simple_agent", janitor=False)
+    await h.worker("math", janitor=False)
+    janitor = Janitor(h.js, h.limits, stall_after_s=0.5)
+    rt = Runtime(h.js, h.store)
+    await janitor.reap(rt)  # reads the bucket's live sessions and their last writes
+    assert janitor.deadlines is not None
+    written = janitor.deadlines.written["stall.0.0"]
+    assert await janitor.nudge_stalled(rt, now=written + 0.1) == 0  # not unwritten long enough yet
+    # past half the duplicate window a copy of a message still waiting might not be dropped: the reaper's
+    assert await janitor.nudge_stalled(rt, now=written + h.limits.work_dedupe_s / 2) == 0
+    assert await janitor.nudge_stalled(rt, now=written + 1) == 1
+    assert await janitor.nudge_stalled(rt, now=written + 2) == 0  # once per write
+    await _ends_with_its_reward(h, "stall")
 
 
 async def test_a_nudge_never_fails_the_rollout_it_nudges(harness: Harness) -> None:

@@ -11,6 +11,12 @@ its work-stream sequence), so any number of janitors may run:
 - **Deadlines.** A rollout whose message is never handled (stuck behind a subject nobody serves)
   would never reach its in-handler deadline check. The reaper scans the ``sessions`` bucket and
   fails every live session past ``rollout_timeout_s`` (plus ``grace_s``) with ``timeout``.
+- **Stalls.** A power cut under a sync interval can keep a step's consumed message gone (its ack
+  synced) and lose the step's session write: the session is back at a step nothing will run. A
+  live session not written for ``stall_after_s`` gets the message its state calls for published
+  again under that message's id, once per write. While the message is still in the stream the
+  stream drops the copy (its duplicate window outlasts the wait); after a broker restart its
+  window knows only the messages it kept, so a consumed one is published and the step redone.
 - **Unserved subjects.** A message on a work subject no consumer serves is dead-lettered and its
   rollout failed with ``invalid_input``, naming the subject: after ``unknown_after_s`` (seconds) when
   no worker of that name ever registered (an unknown agent or environment: a typo), after
@@ -68,9 +74,14 @@ class Janitor:
     """How long a message may wait on a subject no worker serves, of a function that registered once."""
     unknown_after_s: float = 5.0
     """How long a message may wait on a subject of a function that never registered (an unknown name)."""
+    stall_after_s: float = 20.0
+    """How long a live session may go unwritten before the message its state calls for is published
+    again (see Stalls above)."""
     stats: Counter[str] = field(default_factory=Counter)
     deadlines: Deadlines | None = None
     """The live sessions' deadlines, kept by the reaper across sweeps (each reads only the new writes)."""
+    nudged: dict[str, float] = field(default_factory=dict)
+    """Session id -> the write whose message was published again (once per write)."""
 
     @classmethod
     def from_env(cls, js: JetStreamContext, limits: Limits, holder: str) -> Janitor:
@@ -80,6 +91,7 @@ class Janitor:
             "grace_s": "GYMBUS_JANITOR_GRACE_S",
             "orphan_after_s": "GYMBUS_ORPHAN_AFTER_S",
             "unknown_after_s": "GYMBUS_UNKNOWN_AFTER_S",
+            "stall_after_s": "GYMBUS_JANITOR_STALL_S",
         }
         values = {k: float(os.environ.get(v) or getattr(cls, k)) for k, v in env.items()}
         return cls(
@@ -90,6 +102,7 @@ class Janitor:
             grace_s=values["grace_s"],
             orphan_after_s=values["orphan_after_s"],
             unknown_after_s=values["unknown_after_s"],
+            stall_after_s=values["stall_after_s"],
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -127,6 +140,7 @@ class Janitor:
             try:
                 if await self._lease():
                     await self.reap(rt)
+                    await self.nudge_stalled(rt)
                     await self.move_orphans(rt)
             except Exception as exc:
                 log.warning("janitor sweep failed (next one in %gs): %s", self.scan_interval_s, exc)
@@ -209,6 +223,35 @@ class Janitor:
                 reaped += 1
         self.stats["reaped"] += reaped
         return reaped
+
+    # ---- stalls ----------------------------------------------------------------------------------
+
+    async def nudge_stalled(self, rt: Runtime, now: float | None = None) -> int:
+        """Publish again what each live session unwritten for ``stall_after_s`` calls for (once per
+        write); returns how many. Only within half the work stream's duplicate window (the rest is a
+        margin for clocks): past it a copy of a message still waiting would not be dropped, and the
+        reaper ends the rollout at its deadline."""
+        if self.deadlines is None:
+            return 0
+        now = time.time() if now is None else now
+        window = self.limits.work_dedupe_s / 2
+        self.nudged = {sid: w for sid, w in self.nudged.items() if sid in self.deadlines.written}
+        nudged = 0
+        for sid, written in list(self.deadlines.written.items()):
+            if not self.stall_after_s <= now - written < window or self.nudged.get(sid) == written:
+                continue
+            self.nudged[sid] = written
+            loaded = await rt.store.get(sid)
+            if loaded is None or loaded[0].phase == "done":
+                continue
+            try:
+                await rt.emit(loaded[0])
+            except PermissionDenied as denied:
+                log.warning("session %s looks stalled, and this janitor may not publish its message: %s", sid, denied)
+                continue
+            nudged += 1
+        self.stats["nudged"] += nudged
+        return nudged
 
     # ---- unserved subjects -----------------------------------------------------------------------
 
