@@ -128,3 +128,23 @@ def test_a_limit_mistyped_in_the_environment_is_named_in_one_line(variable: str,
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert says in line and "bug" not in line
+
+
+@pytest.mark.parametrize("command", [["worker", "math"], ["janitor"]])
+async def test_a_janitor_setting_mistyped_in_the_environment_is_named_in_one_line(
+    harness: Harness, command: list[str]
+) -> None:
+    """Was "ValueError: could not convert string to float (a gymbus bug?)" from a worker, and the
+    variables were ignored altogether by `gymbus janitor`."""
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "runtime", *command, "--nats", harness.broker.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "GYMBUS_JANITOR_STALL_S": "20s"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "GYMBUS_JANITOR_STALL_S='20s' is not a number of seconds" in line and "bug" not in line

@@ -183,7 +183,10 @@ def profiler(
 
 def janitor(
     nats: NatsOpt = None,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between deadline sweeps.")] = 5.0,
+    interval: Annotated[
+        float | None,
+        typer.Option("--interval", help="Seconds between sweeps (default: $GYMBUS_JANITOR_INTERVAL_S, else 5)."),
+    ] = None,
     http_port: ProbePortOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -195,7 +198,7 @@ def janitor(
     run(_janitor(need_nats(nats), interval, http_port))
 
 
-async def _janitor(url: str, interval: float, http_port: int | None) -> None:
+async def _janitor(url: str, interval: float | None, http_port: int | None) -> None:
     from broker import advisories, topology
     from broker.connect import connection
     from runtime.engine.janitor import Janitor
@@ -212,7 +215,8 @@ async def _janitor(url: str, interval: float, http_port: int | None) -> None:
         health = lambda: "ok" if nc.is_connected and not stop.is_set() else "unavailable"  # noqa: E731
         probe = await HealthServer.start(health, http_port) if http_port is not None else None
         try:
-            await Janitor(nc.jetstream(), limits, holder=f"janitor-{os.getpid()}", scan_interval_s=interval).run(stop)
+            given = {"scan_interval_s": interval} if interval is not None else {}
+            await Janitor.from_env(nc.jetstream(), limits, f"janitor-{os.getpid()}", **given).run(stop)
         finally:
             if probe is not None:
                 await probe.stop()

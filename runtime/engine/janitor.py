@@ -47,7 +47,7 @@ from broker import advisories, functions, topology
 from broker.denials import PermissionDenied
 from broker.schemas import FailureKind, Msg, wire_decoder
 from broker.sessions import Deadlines, SessionStore
-from broker.topology import Limits
+from broker.topology import InvalidLimit, Limits
 from runtime.engine.deadletters import dead_letter, lenient_ids, sid_of
 from runtime.engine.failures import fail, fail_by_ids
 from runtime.engine.pull import Puller
@@ -59,6 +59,16 @@ log = logging.getLogger("gymbus.janitor")
 LEASE_KEY = "janitor.lease"
 MOVE_PER_SWEEP = 1000
 """Most messages of unserved subjects moved per sweep (the next sweep takes the rest)."""
+
+
+ENV = {
+    "scan_interval_s": "GYMBUS_JANITOR_INTERVAL_S",
+    "grace_s": "GYMBUS_JANITOR_GRACE_S",
+    "stall_after_s": "GYMBUS_JANITOR_STALL_S",
+    "orphan_after_s": "GYMBUS_ORPHAN_AFTER_S",
+    "unknown_after_s": "GYMBUS_UNKNOWN_AFTER_S",
+}
+"""The janitor's settings and the variables that override them."""
 
 
 @dataclass
@@ -84,26 +94,22 @@ class Janitor:
     """Session id -> the write whose message was published again (once per write)."""
 
     @classmethod
-    def from_env(cls, js: JetStreamContext, limits: Limits, holder: str) -> Janitor:
-        """Defaults overridden by ``GYMBUS_JANITOR_INTERVAL_S``, ``_GRACE_S`` and ``GYMBUS_ORPHAN_AFTER_S``."""
-        env = {
-            "scan_interval_s": "GYMBUS_JANITOR_INTERVAL_S",
-            "grace_s": "GYMBUS_JANITOR_GRACE_S",
-            "orphan_after_s": "GYMBUS_ORPHAN_AFTER_S",
-            "unknown_after_s": "GYMBUS_UNKNOWN_AFTER_S",
-            "stall_after_s": "GYMBUS_JANITOR_STALL_S",
-        }
-        values = {k: float(os.environ.get(v) or getattr(cls, k)) for k, v in env.items()}
-        return cls(
-            js,
-            limits,
-            holder=holder,
-            scan_interval_s=values["scan_interval_s"],
-            grace_s=values["grace_s"],
-            orphan_after_s=values["orphan_after_s"],
-            unknown_after_s=values["unknown_after_s"],
-            stall_after_s=values["stall_after_s"],
-        )
+    def from_env(cls, js: JetStreamContext, limits: Limits, holder: str, **given: float) -> Janitor:
+        """Defaults overridden by the variables of `ENV`, then by ``given``; `InvalidLimit` names a
+        variable that is not a number."""
+        values: dict[str, float] = {}
+        for name, variable in ENV.items():
+            raw = os.environ.get(variable)
+            if not raw:
+                continue
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise InvalidLimit(f"{variable}={raw!r} is not a number of seconds") from None
+        janitor = cls(js, limits, holder=holder)
+        for name, value in {**values, **given}.items():
+            setattr(janitor, name, value)
+        return janitor
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""
