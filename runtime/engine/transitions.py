@@ -32,7 +32,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.publish import publish
-from broker.schemas import CARRY_MAX_BYTES, Carrier, Msg, Phase, Resume, Seed, Session, Tools, Verify, session_decoder
+from broker.schemas import CARRY_MAX_BYTES, Msg, Phase, Resume, Seed, Session, Tools, Verify, session_decoder
 from broker.sessions import SessionStore, StateConflict
 from runtime.engine.admission import Admission
 from runtime.engine.records import finish_timings, fit, max_record_bytes
@@ -141,7 +141,7 @@ async def transition(rt: Runtime, msg: Step, phase: Phase, d: Delivery, work: Wo
         try:
             loaded = await load_at(rt, msg, phase, d)
         except SessionLost:
-            if isinstance(msg, Carrier) and msg.state is not None and lost_whole(rt, d):
+            if msg.state is not None and lost_whole(rt, d):
                 raise RolledBack(msg.session_id, msg.step, session=session_decoder.decode(msg.state)) from None
             raise
     else:
@@ -173,7 +173,7 @@ def carried(msg: Step, phase: Phase, d: Delivery) -> tuple[Session, int] | None:
 
     A redelivery reads the bucket instead: its first delivery may have committed the step already,
     and the bucket says so before any work is redone."""
-    if not isinstance(msg, Carrier) or msg.state is None or d.num_delivered > 1:
+    if msg.state is None or d.num_delivered > 1:
         return None
     if isinstance(msg, Resume) and not d.subject.endswith(topology.RESUME_SUFFIX):
         # Starts share the agent's other subject, and submitters may publish there: a state found
