@@ -19,7 +19,7 @@ from runtime.engine.registry import register
 from runtime.engine.transitions import Runtime
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
-from runtime.runs.keys import Attempts, Grid
+from runtime.runs.keys import Attempts, Grid, Live
 from runtime.runs.submit import submit
 from runtime.runs.tasks import TaskRow
 from runtime.sdk import load
@@ -179,7 +179,7 @@ async def test_a_nudge_never_fails_the_rollout_it_nudges(harness: Harness) -> No
     h = harness
     attempts = Attempts(Grid([0, 1], 1))
     attempts.set((0, 0), 0)
-    attempts.live[(0, 0)] = 2  # in flight, at step 2
+    attempts.live[(0, 0)] = Live(2, {})  # in flight, at step 2
     attempts.set((1, 0), 0)  # submitted now
     rows = {i: TaskRow(i, None, error="line is not a JSON object") for i in (0, 1)}
     cfg = RunConfig(input=str(fs.MATH_TASKS), agent="simple_agent", env="math", nats=h.broker.url)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,19 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from broker import functions
+from broker import functions, topology
 from broker.publish import publish_raw
 from broker.schemas import FunctionCall, Start, encoder, session_id
 from conftest import MATH_TASKS, ROOT
 from runtime.engine.records import new_session
+from runtime.engine.registry import register
 from runtime.engine.transitions import Delivery
 from runtime.model.client import Endpoints, ModelClient, ModelOutput
+from runtime.runs import rollouts
+from runtime.runs.config import RunConfig
+from runtime.runs.keys import Attempts, Live
+from runtime.runs.plan import prepare
+from runtime.sdk import load
 from runtime.telemetry import genai, semconv, spanfile, spans, tracing
 from runtime.telemetry.spanfile import SpanRecord
 from runtime.telemetry.spans import RolloutSpans
@@ -199,6 +206,69 @@ async def test_a_start_without_trace_context_still_makes_one_trace(
     assert said[0]["parts"][0]["type"] == "tool_call" and said[0]["parts"][0]["name"] == "calculator"
     [tool] = by_name(spans, "execute_tool")
     assert tool.attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == str(math_rows[1]["expected_answer"])
+
+
+async def _gathers(harness: Harness, cfg: RunConfig, run: str, roots: RolloutSpans) -> Attempts:
+    """What one `gymbus collect` of ``run`` publishes (a new run, or a resume), with its roots."""
+    plan = await prepare(cfg, run)
+    js = harness.js
+    attempts = await rollouts.plan(js, plan.expected, iter(plan.expected), run, False, time.time())
+    await rollouts.publish_starts(js, cfg, run, {t.index: t for t in plan.tasks}, attempts, roots)
+    return attempts
+
+
+async def test_a_resume_nudges_a_rollout_in_flight_within_its_trace(
+    harness: Harness, memory: InMemorySpanExporter
+) -> None:
+    """A second collect of a run finds its rollout in flight: the Start it sends again (a nudge)
+    carries the rollout's trace context, opens no root of its own, and its hop is one more span of the
+    rollout's one trace, marked ``nudge``, beside the hops its Result counts."""
+    h, run = harness, "trnudge"
+    await h.simulate(MATH_TASKS, accuracy=1.0)
+    cfg = RunConfig(input=str(MATH_TASKS), agent="simple_agent", env="math", nats=h.broker.url, limit=1)
+    sid = session_id(run, 0, 0)
+    await register(h.js, load("math"))
+    await topology.ensure_consumer(h.js, "tool", "math")  # as `gymbus init` does: its Tools wait for it
+    await h.worker("simple_agent")
+    first = RolloutSpans()
+    assert not (await _gathers(h, cfg, run, first)).live
+    await wait_until(lambda: _at_step(h, sid, 1), "the first turn's Tools published")
+
+    again = RolloutSpans()  # another process: the run's resume
+    attempts = await _gathers(h, cfg, run, again)
+    assert attempts.live == {(0, 0): Live(1, attempts.live[(0, 0)].trace)}
+    assert spans.TRACEPARENT in attempts.live[(0, 0)].trace
+
+    def nudged() -> list[SpanRecord]:
+        found = [spanfile.record(s) for s in memory.get_finished_spans()]
+        return [s for s in found if s.attributes.get(semconv.MESSAGE_KIND) == "nudge"]
+
+    await wait_until(lambda: _ready(bool(nudged())), "the nudge's hop")
+    await h.worker("math")
+    [result] = await h.results(run, 1, timeout=30)
+    first.finish(result)
+    again.finish(result)  # it holds no root of this rollout: nothing to end
+    assert result.reward == 1.0 and result.attempt == 0
+
+    recorded = [spanfile.record(s) for s in memory.get_finished_spans()]
+    assert len({s.trace_id for s in recorded}) == 1, "the nudge made a trace of its own"
+    [root] = [s for s in recorded if s.parent_id is None]
+    assert root.name == "invoke_agent simple_agent" and root.attributes[semconv.REWARD] == 1.0
+    [nudge] = nudged()
+    assert nudge.name == "process gym.agent.simple_agent" and nudge.parent_id == root.span_id
+    assert nudge.attributes[semconv.OUTCOME] == "ack"
+    assert not by_name(children(recorded, nudge), "chat "), "a nudge never calls the model again"
+    hops = [s for s in by_name(recorded, "process ") if s.span_id != nudge.span_id]
+    assert len(hops) == result.timings.hops
+
+
+async def _at_step(h: Harness, sid: str, step: int) -> bool:
+    s = await h.session(sid)
+    return s is not None and s.step >= step
+
+
+async def _ready(value: bool) -> bool:
+    return value
 
 
 async def _call_through_proxy(

@@ -11,7 +11,7 @@ from nats.js import JetStreamContext
 
 from broker import topology
 from broker.params import CreateParams
-from broker.schemas import FailureKind, Result, Session, Start, Timings, encoder, session_encoder, session_id
+from broker.schemas import NUDGE, FailureKind, Result, Session, Start, Timings, encoder, session_encoder, session_id
 from runtime.errors import ContextLength, InvalidInput
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def stub_session(
         phase="model",
         params={},
         timings=Timings(submitted_at=d.published_at),
-        headers=d.headers,
+        headers={k: v for k, v in d.headers.items() if k != NUDGE},  # what its messages carry
     )
 
 

@@ -26,6 +26,7 @@ from nats.aio.msg import Msg as NatsMsg
 from broker import topology
 from broker.connect import connect
 from broker.schemas import (
+    NUDGE,
     FailureKind,
     Msg,
     Options,
@@ -229,7 +230,8 @@ class Worker:
             except msgspec.DecodeError as exc:
                 await self._reject(rt, m, role, exc, d)
                 return
-            hop.message(type(msg).__name__.lower(), sid_of(msg))
+            kind = "nudge" if isinstance(msg, Start) and NUDGE in d.headers else type(msg).__name__.lower()
+            hop.message(kind, sid_of(msg))
             try:
                 if isinstance(msg, Start) and rt.admission is not None:
                     msg = await rt.admission.admit(msg, m.data)  # decided here, whoever published it

@@ -9,9 +9,18 @@ where they are not 0.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 Key = tuple[int, int]
 """(task_index, rollout_index)"""
+
+
+class Live(NamedTuple):
+    """A rollout still in flight, as its session says."""
+
+    step: int
+    trace: dict[str, str]
+    """The rollout's trace context (the session's headers): its nudge is a hop of the rollout's trace."""
 
 
 class Grid:
@@ -94,9 +103,9 @@ class Attempts:
         self.keys = KeySet(grid)
         self.again: dict[Key, int] = {}
         """The attempts above 0."""
-        self.live: dict[Key, int] = {}
-        """Rollouts still in flight, and the step their session is at: their Start goes out again under
-        their attempt to nudge them (see `runtime.runs.rollouts`), not counted as submitted."""
+        self.live: dict[Key, Live] = {}
+        """Rollouts still in flight: their Start goes out again under their attempt to nudge them (see
+        `runtime.runs.rollouts`), in their own trace, not counted as submitted."""
 
     def set(self, key: Key, attempt: int) -> None:
         self.keys.add(key)

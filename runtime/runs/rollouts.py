@@ -1,13 +1,16 @@
 """Which rollouts of a run still need a Start, and publishing them.
 
-A rollout that has a Result is never submitted again; one whose Result was deleted, or that is
-stuck past its deadline, is submitted again as a new attempt. One still in flight within its
+A rollout that has a Result is never submitted again; one finished without its Result (deleted, or
+never published: its worker died first), or stuck past its deadline, is submitted again as a new
+attempt. One still in flight within its
 deadline gets its Start again under the same attempt, marked `NUDGE` and with an id of its own
 (``<session>:nudge:<attempt>:<step>``): the agent finds the session live and publishes again the
-message its state calls for. The stream drops that copy while the message is still there (its id
-is the same); it redoes a step whose session write a power cut under a sync interval took after
-the step's own message was consumed, which nothing else would run before the rollout's deadline.
-Every Start carries its deterministic message id, so submitting twice publishes nothing twice.
+message its state calls for. The nudge carries the rollout's trace context, so its hop (message
+kind ``nudge``) is one more span of the rollout's trace, not a trace of its own. The stream drops
+that copy while the message is still there (its id is the same); it redoes a step whose session
+write a power cut under a sync interval took after the step's own message was consumed, which
+nothing else would run before the rollout's deadline. Every Start carries its deterministic
+message id, so submitting twice publishes nothing twice.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
@@ -28,7 +31,7 @@ from runtime.engine import deadletters
 from runtime.engine.failures import publish_orphan_failure
 from runtime.errors import InputError
 from runtime.runs.config import RunConfig
-from runtime.runs.keys import Attempts, Grid, Key
+from runtime.runs.keys import Attempts, Grid, Key, Live
 from runtime.runs.tasks import TaskRow, build_start
 from runtime.telemetry.spans import RolloutSpans
 
@@ -36,36 +39,58 @@ log = logging.getLogger("gymbus.collect")
 
 
 async def plan(
-    js: JetStreamContext, grid: Grid, missing: Iterable[Key], run_id: str, fresh: bool, now: float
+    js: JetStreamContext,
+    grid: Grid,
+    missing: Iterable[Key],
+    run_id: str,
+    fresh: bool,
+    now: float,
+    finished: Callable[[list[Key]], Awaitable[set[Key]]] | None = None,
 ) -> Attempts:
     """The attempt to submit per missing rollout (in grid order); rollouts still in flight within their
-    deadline are skipped."""
+    deadline are nudged (`Attempts.live`).
+
+    ``missing`` was read from the run's Results before the sessions are: a rollout that finishes in
+    between has a finished session and a Result the caller has not seen. So a finished session is run
+    again only if ``finished`` (which of these keys have a Result now) does not name it: only when its
+    Result is really gone (deleted, or lost with the broker's unsynced writes)."""
     attempts = Attempts(grid)
     if fresh:
         for key in missing:
             attempts.set(key, 0)
         return attempts
     store, todo = SessionStore(js), iter(missing)
+    ended: dict[Key, int] = {}
+    """Rollouts whose session is finished, and the attempt that would run them again."""
 
-    def decide(loaded: tuple[Session, int] | None) -> tuple[int, int | None]:
-        """The attempt to submit, and the step of a rollout still in flight (to nudge it)."""
+    def decide(loaded: tuple[Session, int] | None) -> tuple[int, Live | None]:
+        """The attempt to submit, and the session of a rollout still in flight (to nudge it)."""
         if loaded is None:
             return 0, None
         s, _ = loaded
-        if s.phase == "done":  # finished, but its Result is gone: run it again
+        if s.phase == "done":  # finished, but no Result was seen
             return s.attempt + 1, None
         if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
             return s.attempt + 1, None
-        return s.attempt, s.step
+        return s.attempt, Live(s.step, dict(s.headers))
 
     async def reader() -> None:  # 64 of these share one iterator: as many reads in flight
         for key in todo:
-            attempt, step = decide(await store.get(session_id(run_id, *key)))
+            loaded = await store.get(session_id(run_id, *key))
+            attempt, live = decide(loaded)
+            if loaded is not None and loaded[0].phase == "done":
+                ended[key] = attempt
+                continue
             attempts.set(key, attempt)
-            if step is not None:
-                attempts.live[key] = step
+            if live is not None:
+                attempts.live[key] = live
 
     await asyncio.gather(*(reader() for _ in range(64)))
+    if ended:
+        present = await finished(list(ended)) if finished is not None else set()
+        for key, attempt in ended.items():
+            if key not in present:
+                attempts.set(key, attempt)
     return attempts  # publish_starts submits them in task order
 
 
@@ -111,26 +136,27 @@ async def publish_starts(
     async def one(task_index: int, rollout: int, attempt: int) -> None:
         task, ids = tasks[task_index], (run_id, task_index, rollout, attempt)
         sid = session_id(run_id, task_index, rollout)
-        step = attempts.live.get((task_index, rollout))
-        if step is None:
+        live = attempts.live.get((task_index, rollout))
+        if live is None:
             msg_id, headers = f"{sid}:start:{attempt}", None
         else:  # a nudge never fails its rollout: it is running, and ends with a Result of its own
-            msg_id, headers = f"{sid}:nudge:{attempt}:{step}", {NUDGE: "1"}
+            msg_id, headers = f"{sid}:nudge:{attempt}:{live.step}", {**live.trace, NUDGE: "1"}
         if task.row is None or task.error:  # unreadable or refused row: its rollouts fail here, with the reason
-            if step is None:
+            if live is None:
                 await publish_orphan_failure(js, sid, "invalid_input", task.error or "unreadable task row", ids)
             return
         start = build_start(cfg, run_id, task, rollout, attempt)  # the row as it is: the workers decide
         subject = topology.agent_subject(start.agent)
         try:
-            with roots.submitting(start, sid) if roots else contextlib.nullcontext():
+            # a rollout's root opens once, with its first Start; a nudge is a hop of that trace
+            with roots.submitting(start, sid) if roots and live is None else contextlib.nullcontext():
                 await publish(js, subject, start, msg_id, headers)
         except MaxPayloadError:  # too big for one message: the rollout fails with the reason, the run goes on
             reason = (
                 f"task row {task_index} is {len(encoder.encode(start)) / 2**20:.1f} MiB as a Start message, "
                 f"over the broker's max_payload ({js._nc.max_payload / 2**20:.1f} MiB)"
             )
-            if step is None:
+            if live is None:
                 await publish_orphan_failure(js, sid, "invalid_input", reason, ids)
 
     todo = attempts.items()

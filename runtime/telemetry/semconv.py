@@ -102,7 +102,7 @@ ATTEMPT = "gymbus.rollout.attempt"
 ENV_NAME = "gymbus.env.name"
 REWARD = "gymbus.reward"
 FAILURE_REASON = "gymbus.failure.reason"
-MESSAGE_KIND = "gymbus.message.kind"  # start | resume | seed | tools | verify
+MESSAGE_KIND = "gymbus.message.kind"  # start | nudge (a Start a resume sent again) | resume | seed | tools | verify
 DELIVERY_COUNT = "gymbus.delivery.count"
 QUEUE_WAIT = "gymbus.queue.wait_s"
 """Seconds the message waited in the stream before this hop took it (published -> received)."""

@@ -50,17 +50,21 @@ def _ns(unix_s: float) -> int:
 
 @contextmanager
 def sending(subject: str, headers: dict[str, str], msg_id: str) -> Iterator[None]:
-    """A PRODUCER span around one publish; a message without trace context gets the current one."""
+    """A PRODUCER span around one publish; a message without trace context gets the current one. With
+    no span current (a resume's nudge, sent from outside any hop), the span is of the message's trace."""
     tracer = tracing.TRACER
     if tracer is None:
         yield
         return
+    parent = None
     if TRACEPARENT not in headers:
         propagate.inject(headers)
-    if tracing.in_unsampled():
+    elif not trace.get_current_span().get_span_context().is_valid:
+        parent = propagate.extract(headers)
+    if tracing.in_unsampled() if parent is None else tracing.not_sampled(headers[TRACEPARENT]):
         yield
         return
-    with tracer.start_as_current_span(f"{semconv.SEND} {subject}", kind=SpanKind.PRODUCER) as span:
+    with tracer.start_as_current_span(f"{semconv.SEND} {subject}", context=parent, kind=SpanKind.PRODUCER) as span:
         if span.is_recording():
             span.set_attributes(
                 {
