@@ -228,7 +228,12 @@ class Collector:
             for r in self.folder.results(plan.run_id):
                 feed.add(r)
         missing = (k for k in plan.expected if feed.done.attempt(*k) is None)  # no Result yet
-        attempts = await rollouts.plan(js, plan.expected, missing, plan.run_id, fresh, time.time())
+
+        async def finished_since(keys: list[Key]) -> set[Key]:
+            await feed.settle()  # every Result stored by now read
+            return {k for k in keys if feed.done.attempt(*k) is not None}
+
+        attempts = await rollouts.plan(js, plan.expected, missing, plan.run_id, fresh, time.time(), finished_since)
         wanted = await rollouts.replay(js, plan.run_id, self.replay) if self.replay is not None else {}
         # a rollout submitted again is done with a Result of that attempt (an older one's may still
         # arrive, re-emitted from its session's record, and would be superseded)

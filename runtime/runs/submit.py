@@ -20,7 +20,7 @@ from runtime.runs import identity as identities
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
 from runtime.runs.feed import stored_results
-from runtime.runs.keys import KeySet
+from runtime.runs.keys import Key, KeySet
 from runtime.runs.models import register_model, urls_of, writer
 from runtime.runs.plan import check_served, prepare
 from runtime.runs.tasks import run_defaults
@@ -67,7 +67,12 @@ async def submit(
         results = await stored_results(js, plan.run_id)
         finished = KeySet(expected, (k for r in results if (k := (r.task_index, r.rollout_index)) in expected))
         missing = (k for k in expected if k not in finished)
-        attempts = await rollouts.plan(js, expected, missing, plan.run_id, fresh, time.time())
+
+        async def finished_since(keys: list[Key]) -> set[Key]:
+            done = {(r.task_index, r.rollout_index) for r in await stored_results(js, plan.run_id)}
+            return {k for k in keys if k in done}
+
+        attempts = await rollouts.plan(js, expected, missing, plan.run_id, fresh, time.time(), finished_since)
         submitted = await rollouts.publish_starts(
             js, cfg, plan.run_id, {t.index: t for t in plan.tasks}, attempts
         )
