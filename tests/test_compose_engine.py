@@ -170,7 +170,7 @@ def crash_mid_run(stack: Stack, submit: str, collect: str) -> None:
     repeats, total = 32, 24 * 32
     stack.run(submit.replace("exp-1", "crash") + f" --repeats {repeats}")
     done = asyncio.run(results_reach(stack, "crash", 50))  # some finished, hundreds in flight
-    stack.docker("kill", stack.containers("simple_agent")[0])
+    stack.docker("kill", busy_replica(stack, "simple_agent"))
     stack.timings["killed an agent container after results"] = float(done)
     stack.run(collect.replace("exp-1", "crash") + f" --repeats {repeats}")
     rows = [json.loads(line) for line in (stack.workdir / "runs" / "crash" / "rollouts.jsonl").read_text().splitlines()]
@@ -190,6 +190,24 @@ def crash_mid_run(stack: Stack, submit: str, collect: str) -> None:
     stack.timings["crash run rollouts redelivered"] = float(len(waited))
     stack.timings["crash run rollouts run again"] = float(len(again))
     stack.run(stack_scale_line())  # the killed replica back, as a user would
+
+
+def busy_replica(stack: Stack, service: str, timeout: float = 60) -> str:
+    """A replica of ``service`` handling messages now (its gymbus_in_flight gauge above 0): killing an
+    idle one (a replica just restarted may not have pulled yet) would show nothing."""
+    probe = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/metrics', timeout=5).read().decode())"
+    deadline = time.monotonic() + timeout
+    while True:
+        loads = {}
+        for cid in stack.containers(service):
+            metrics = stack.docker("exec", cid, "python", "-c", probe)
+            found = re.search(r"^gymbus_in_flight\{[^}]*\} (\S+)$", metrics, re.M)
+            loads[cid] = float(found.group(1)) if found else 0.0
+        busiest = max(loads, key=loads.__getitem__)
+        if loads[busiest] > 0:
+            return busiest
+        assert time.monotonic() < deadline, f"no replica of {service} is handling a message: {loads}"
+        time.sleep(0.2)
 
 
 async def results_reach(stack: Stack, run_id: str, at_least: int, timeout: float = 120) -> int:
