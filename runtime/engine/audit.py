@@ -40,6 +40,8 @@ class Audit:
     """Dead letters per session of this run."""
     expected_dead: set[str] | None = None
     left: int = 0
+    left_sample: list[str] = field(default_factory=list)
+    """The first few messages left: subject, session and step, for the report."""
 
     @property
     def lost(self) -> set[str]:
@@ -65,7 +67,7 @@ class Audit:
             extra, missing = set(self.dead) - self.expected_dead, self.expected_dead - set(self.dead)
             out.append(f"dead letters differ: unexpected {sorted(extra)[:5]}, missing {sorted(missing)[:5]}")
         if self.left:
-            out.append(f"{self.left} work message(s) of the run left in the work stream")
+            out.append(f"{self.left} work message(s) of the run left in the work stream, e.g. {self.left_sample}")
         bad = [r.session_id for r in self.latest.values() if r.failed and r.reward is not None]
         if bad:
             out.append(f"failed Result(s) carrying a reward: {bad[:5]}")
@@ -103,4 +105,7 @@ async def audit(js: JetStreamContext, run_id: str, expected: set[str], expected_
         ids = lenient_ids(m.data or b"")
         if ids is not None and ids[1] == run_id:
             a.left += 1
+            if len(a.left_sample) < 5:
+                step = msgspec.json.decode(m.data or b"{}").get("step", "-")
+                a.left_sample.append(f"#{m.seq} {m.subject} {ids[0]} step {step}")
     return a
