@@ -228,12 +228,7 @@ class Collector:
             for r in self.folder.results(plan.run_id):
                 feed.add(r)
         missing = (k for k in plan.expected if feed.done.attempt(*k) is None)  # no Result yet
-
-        async def finished_since(keys: list[Key]) -> set[Key]:
-            await feed.settle()  # every Result stored by now read
-            return {k for k in keys if feed.done.attempt(*k) is not None}
-
-        attempts = await rollouts.plan(js, plan.expected, missing, plan.run_id, fresh, time.time(), finished_since)
+        attempts = await rollouts.plan(js, plan.expected, missing, plan.run_id, fresh, time.time(), self._finished)
         wanted = await rollouts.replay(js, plan.run_id, self.replay) if self.replay is not None else {}
         # a rollout submitted again is done with a Result of that attempt (an older one's may still
         # arrive, re-emitted from its session's record, and would be superseded)
@@ -260,6 +255,13 @@ class Collector:
                     with contextlib.suppress(asyncio.CancelledError):
                         await publishing
                 self.summary.submitted = len(wanted) + self.window.entered
+
+    async def _finished(self, keys: list[Key]) -> set[Key]:
+        """Which of ``keys`` have a Result now (`rollouts.plan`'s second look): every Result stored by
+        now is read first."""
+        assert self.feed is not None
+        await self.feed.settle()
+        return {k for k in keys if self.feed.done.attempt(*k) is not None}
 
     def _done(self, key: Key) -> bool:
         assert self.feed is not None

@@ -2,15 +2,14 @@
 
 A rollout that has a Result is never submitted again; one finished without its Result (deleted, or
 never published: its worker died first), or stuck past its deadline, is submitted again as a new
-attempt. One still in flight within its
-deadline gets its Start again under the same attempt, marked `NUDGE` and with an id of its own
-(``<session>:nudge:<attempt>:<step>``): the agent finds the session live and publishes again the
-message its state calls for. The nudge carries the rollout's trace context, so its hop (message
-kind ``nudge``) is one more span of the rollout's trace, not a trace of its own. The stream drops
-that copy while the message is still there (its id is the same); it redoes a step whose session
-write a power cut under a sync interval took after the step's own message was consumed, which
-nothing else would run before the rollout's deadline. Every Start carries its deterministic
-message id, so submitting twice publishes nothing twice.
+attempt. One still in flight within its deadline gets its Start again under the same attempt,
+marked `NUDGE` and with an id of its own (``<session>:nudge:<attempt>:<step>``): the agent finds
+the session live and publishes again the message its state calls for. The nudge carries the
+rollout's trace context, so its hop (message kind ``nudge``) is one more span of the rollout's
+trace, not a trace of its own. The stream drops that copy while the message is still there (its id
+is the same); it redoes a step whose session write a power cut under a sync interval took after
+the step's own message was consumed, which nothing else would run before the rollout's deadline.
+Every Start carries its deterministic message id, so submitting twice publishes nothing twice.
 """
 
 from __future__ import annotations
@@ -63,13 +62,11 @@ async def plan(
     ended: dict[Key, int] = {}
     """Rollouts whose session is finished, and the attempt that would run them again."""
 
-    def decide(loaded: tuple[Session, int] | None) -> tuple[int, Live | None]:
-        """The attempt to submit, and the session of a rollout still in flight (to nudge it)."""
-        if loaded is None:
+    def decide(s: Session | None) -> tuple[int, Live | None]:
+        """The attempt to submit for an unfinished session, and the session of a rollout still in
+        flight (to nudge it)."""
+        if s is None:
             return 0, None
-        s, _ = loaded
-        if s.phase == "done":  # finished, but no Result was seen
-            return s.attempt + 1, None
         if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
             return s.attempt + 1, None
         return s.attempt, Live(s.step, dict(s.headers))
@@ -77,10 +74,11 @@ async def plan(
     async def reader() -> None:  # 64 of these share one iterator: as many reads in flight
         for key in todo:
             loaded = await store.get(session_id(run_id, *key))
-            attempt, live = decide(loaded)
-            if loaded is not None and loaded[0].phase == "done":
-                ended[key] = attempt
+            s = loaded[0] if loaded is not None else None
+            if s is not None and s.phase == "done":  # finished, but no Result was seen (yet)
+                ended[key] = s.attempt + 1
                 continue
+            attempt, live = decide(s)
             attempts.set(key, attempt)
             if live is not None:
                 attempts.live[key] = live
