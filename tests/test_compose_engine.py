@@ -180,8 +180,8 @@ def crash_mid_run(stack: Stack, submit: str, collect: str) -> None:
     )
     # the killed replica's messages came back to the other one after the ack wait: those rollouts took
     # longer than it, which no rollout of this run does otherwise (the run takes ~10 s). A rollout it
-    # had finished without publishing its Result yet is run again by collect as a new attempt (its
-    # session says done, and no Result is there); any other rollout is run once
+    # had finished without publishing its Result yet gets it from collect's nudge (no Result was ever
+    # deleted here); were one run again, it would be as attempt 1
     ack_wait = Limits().ack_wait_s
     waited = [r for r in rows if r["timings"]["total_s"] >= ack_wait]
     again = [r for r in rows if r["attempt"] > 0]

@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from broker import inspect, topology
-from broker.schemas import result_decoder
+from broker.schemas import Session, result_decoder
 from conftest import MATH_TASKS
 from runtime.cli import app
+from runtime.engine.transitions import Runtime
 from runtime.errors import InputError
 from runtime.runs import rollouts
 from runtime.runs.config import RunConfig
@@ -75,6 +76,42 @@ async def test_a_rollout_finishing_while_a_resume_reads_its_session_is_not_run_a
     attempts = await rollouts.plan(h.js, grid, iter(keys), "look", False, time.time(), finished)
     assert list(attempts.items()) == [((gone.task_index, gone.rollout_index), 1)], "a deleted Result is run again"
     assert {r.attempt for r in results} == {0}
+
+
+async def test_a_resume_restores_a_result_its_worker_never_published(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker finishing a rollout writes its session, then dies before publishing the Result (here
+    the publish is skipped). With no Result ever removed from the stream, the resume does not run the
+    rollout again: it nudges it, and the agent publishes the Result from the finished session, the
+    same attempt and reward, once."""
+    h = harness
+    lost: list[str] = []
+    emit = Runtime.emit
+
+    async def dies_before_the_result(self: Runtime, s: Session, carry: tuple[bytes, int] | None = None) -> None:
+        if s.phase == "done" and not lost:
+            lost.append(s.session_id)
+            return
+        await emit(self, s, carry)
+
+    monkeypatch.setattr(Runtime, "emit", dies_before_the_result)
+    await h.simulate(MATH_TASKS, accuracy=1.0)
+    await h.worker("simple_agent")
+    await h.worker("math")
+    cfg = config(h.broker.url, limit=1)
+    assert (await submit(cfg, "unpublished")).submitted == 2
+    [first] = await h.results("unpublished", 1)
+    assert lost and lost[0] != first.session_id
+    stored = await stored_results(h.js, "unpublished")
+    assert len(stored) == 1, "the lost Result was published after all"
+
+    again = await submit(cfg, "unpublished")
+    assert (again.finished, again.submitted) == (1, 0)  # a nudge, not counted as submitted
+    results = await h.results("unpublished", 2)
+    restored = next(r for r in results if r.session_id == lost[0])
+    assert restored.attempt == 0 and restored.reward == 1.0 and restored.failure_kind is None
+    assert await inspect.count(h.js, topology.RESULTS_STREAM, topology.result_subject("unpublished")) == 2
 
 
 async def test_submit_refuses_functions_nobody_serves(harness: Harness) -> None:

@@ -67,13 +67,14 @@ async def _start(rt: Runtime, agent: Agent, msg: Start, d: Delivery) -> None:
 async def _exists(rt: Runtime, msg: Start, old: Session, rev: int) -> bool:
     """Whether the stored session makes this Start a duplicate; False if it is a newer attempt.
 
-    A duplicate of a live session's attempt publishes again the message its state calls for, under
-    that message's id: the stream drops the copy while the message is there (redelivered Starts,
-    nudges from a resume), and it runs a step whose session write was lost after its message was
-    consumed (a power cut under a sync interval), which nothing else would."""
+    A duplicate of the session's attempt publishes again the message its state calls for, under that
+    message's id: the stream drops the copy while the message is there (redelivered Starts, nudges
+    from a resume). It runs a step whose session write was lost after its message was consumed (a
+    power cut under a sync interval), which nothing else would; of a finished session, it publishes
+    the Result its worker died before publishing."""
     if msg.attempt > old.attempt:
         return False
-    if msg.attempt == old.attempt and old.phase != "done":
+    if msg.attempt == old.attempt:
         await rt.emit(old)
     return True
 
