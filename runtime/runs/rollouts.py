@@ -2,7 +2,7 @@
 
 A rollout that has a Result is never submitted again; one whose Result was deleted, or that is stuck
 past its deadline, is submitted again as a new attempt (one whose finished session lacks a Result
-never stored is nudged: see `_finished_without_result`). One still in flight within its deadline
+never stored is nudged: see `_never_removed`). One still in flight within its deadline
 gets its Start again under the same attempt, marked `NUDGE` and with an id of its own
 (``<session>:nudge:<attempt>:<step>``): the agent finds the session live and publishes again the
 message its state calls for. The nudge carries the rollout's trace context, so its hop (message kind
@@ -52,16 +52,16 @@ async def plan(
 
     ``missing`` was read from the run's Results before the sessions are: a rollout that finishes in
     between has a finished session and a Result the caller has not seen, so ``finished`` (which of
-    these keys have a Result now) is asked about those first. See `_finished_without_result` for
-    the others."""
+    these keys have a Result now) is asked about those first. See `_never_removed` for the others."""
     attempts = Attempts(grid)
     if fresh:
         for key in missing:
             attempts.set(key, 0)
         return attempts
     store, todo = SessionStore(js), iter(missing)
-    ended: dict[Key, Session] = {}
-    """Rollouts whose session is finished."""
+    restorable = await _never_removed(js)
+    ended: dict[Key, tuple[int, Live | None]] = {}
+    """Rollouts whose session is finished: its attempt, and how to nudge it if its Result can be restored."""
 
     def decide(s: Session | None) -> tuple[int, Live | None]:
         """The attempt to submit for an unfinished session, and the session of a rollout still in
@@ -77,7 +77,8 @@ async def plan(
             loaded = await store.get(session_id(run_id, *key))
             s = loaded[0] if loaded is not None else None
             if s is not None and s.phase == "done":  # finished, but no Result was seen (yet)
-                ended[key] = s
+                restore = restorable and s.result is not None
+                ended[key] = (s.attempt, Live(s.step, dict(s.headers)) if restore else None)
                 continue
             attempt, live = decide(s)
             attempts.set(key, attempt)
@@ -87,29 +88,26 @@ async def plan(
     await asyncio.gather(*(reader() for _ in range(64)))
     if ended:
         present = await finished(list(ended)) if finished is not None else set()
-        gone = {key: s for key, s in ended.items() if key not in present}
-        if gone:
-            await _finished_without_result(js, attempts, gone)
+        for key, (attempt, live) in ended.items():
+            if key in present:
+                continue
+            attempts.set(key, attempt if live is not None else attempt + 1)
+            if live is not None:
+                attempts.live[key] = live
     return attempts  # publish_starts submits them in task order
 
 
-async def _finished_without_result(js: JetStreamContext, attempts: Attempts, gone: dict[Key, Session]) -> None:
-    """Rollouts whose session is finished and whose Result is not in the stream.
+async def _never_removed(js: JetStreamContext) -> bool:
+    """Whether no Result was ever removed from the results stream (no deletion, no purge).
 
-    If no Result was ever removed from the results stream (no deletion, no purge), each of these
-    Results was never stored: its worker died between writing the session and publishing it, or a
-    power cut lost it. The rollout is nudged, and the agent publishes the Result again from the
-    session, reward and all (the redelivery of the dead worker's message would too, an ack wait
-    later). Otherwise the Result may have been deleted, which is how a rollout is run again: its
-    copy would be dropped as a duplicate, so every such rollout runs again as a new attempt."""
+    Then a finished session's Result that is not in the stream was never stored: its worker died
+    between writing the session and publishing it, or a power cut lost it. Its rollout is nudged,
+    and the agent publishes the Result again from the session, reward and all (the redelivery of
+    the dead worker's message would too, an ack wait later). Otherwise the Result may have been
+    deleted, which is how a rollout is run again: its copy would be dropped as a duplicate, so the
+    rollout runs again as a new attempt."""
     state = (await js.stream_info(topology.RESULTS_STREAM)).state
-    never_removed = not state.num_deleted and state.first_seq <= 1
-    for key, s in gone.items():
-        if never_removed and s.result is not None:
-            attempts.set(key, s.attempt)
-            attempts.live[key] = Live(s.step, dict(s.headers))
-        else:
-            attempts.set(key, s.attempt + 1)
+    return not state.num_deleted and state.first_seq <= 1
 
 
 class Window:
