@@ -2,8 +2,8 @@
 
 A rollout that has a Result is never submitted again; one whose Result was deleted, or that is stuck
 past its deadline, is submitted again as a new attempt (one whose finished session lacks a Result
-never stored is nudged: see `_never_removed`). One still in flight within its deadline
-gets its Start again under the same attempt, marked `NUDGE` and with an id of its own
+never stored is nudged: see `_never_removed`). One still in flight within its deadline gets its
+Start again under the same attempt, marked `NUDGE` and with an id of its own
 (``<session>:nudge:<attempt>:<step>``): the agent finds the session live and publishes again the
 message its state calls for. The nudge carries the rollout's trace context, so its hop (message kind
 ``nudge``) is one more span of the rollout's trace, not a trace of its own. The stream drops that
@@ -70,7 +70,7 @@ async def plan(
             return 0, None
         if s.timings.submitted_at + s.options.rollout_timeout_s < now:  # stuck past its deadline
             return s.attempt + 1, None
-        return s.attempt, Live(s.step, dict(s.headers))
+        return s.attempt, _live(s)
 
     async def reader() -> None:  # 64 of these share one iterator: as many reads in flight
         for key in todo:
@@ -78,7 +78,7 @@ async def plan(
             s = loaded[0] if loaded is not None else None
             if s is not None and s.phase == "done":  # finished, but no Result was seen (yet)
                 restore = restorable and s.result is not None
-                ended[key] = (s.attempt, Live(s.step, dict(s.headers)) if restore else None)
+                ended[key] = (s.attempt, _live(s) if restore else None)
                 continue
             attempt, live = decide(s)
             attempts.set(key, attempt)
@@ -95,6 +95,11 @@ async def plan(
             if live is not None:
                 attempts.live[key] = live
     return attempts  # publish_starts submits them in task order
+
+
+def _live(s: Session) -> Live:
+    """How to nudge the session's rollout: its step, and its trace context (the session's headers)."""
+    return Live(s.step, dict(s.headers))
 
 
 async def _never_removed(js: JetStreamContext) -> bool:
